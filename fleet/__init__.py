@@ -1,0 +1,1 @@
+"""The `fleet` command line: a thin dispatcher over the trainer, telemetry and console packages."""

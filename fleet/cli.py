@@ -1,0 +1,60 @@
+"""The `fleet` entry point: finds the package that owns a subcommand and imports only that one.
+
+It lives in its own small package because it must reach all three parts, and each of
+`trainer`, `telemetry` and `console` is forbidden to import at least one of the others.
+Importing lazily also keeps `fleet console` free of mlx and `fleet train` free of textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import import_module
+
+# subcommand -> (module that owns it, one-line help). Each module has
+# `configure(name, parser)` and `run(name, args) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("trainer.cli", "turn text into Parquet token shards"),
+    "train": ("trainer.cli", "train a model (one rank, or one of many under mlx.launch)"),
+    "launch": ("trainer.cli", "start a data-parallel run with mlx.launch"),
+    "bench": ("trainer.cli", "benchmarks: memory, balance, throughput"),
+    "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
+    "report": ("telemetry.cli", "summarize a run from its telemetry logs"),
+    "console": ("console.cli", "the live operator console (Textual, over SSH)"),
+    "demo": ("console.cli", "the product in one command: a local run and its console"),
+}
+
+
+def _overview() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items())
+    return (
+        "usage: fleet <command> [options]\n\n"
+        "Train one model data-parallel across unequal machines, and watch and steer it live.\n\n"
+        f"commands:\n{rows}\n\n"
+        "Run 'fleet <command> --help' for a command's options.\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_overview())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
+        return 2
+    module = import_module(SUBCOMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
+    module.configure(name, parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(name, args) or 0)
+    except KeyboardInterrupt:
+        print("fleet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Typed messages of the telemetry protocol: what a rank says and what it is told."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+# Control commands a run understands; anything else is refused before it reaches the trainer.
+COMMANDS = frozenset({"pause", "resume", "checkpoint", "rebalance", "stop"})
+
+# Event kinds a rank may emit.
+EVENT_KINDS = frozenset(
+    {
+        "started",
+        "checkpoint",
+        "paused",
+        "resumed",
+        "rebalanced",
+        "stopped",
+        "eval",
+        "sample",
+        "command",
+        "warning",
+        "error",
+    }
+)
+
+
+class Message:
+    """Base of every protocol message: a dataclass with a fixed `type` tag."""
+
+    type: ClassVar[str]
+
+    def to_msg(self) -> dict[str, Any]:
+        """The msgpack-ready mapping, with its `type` tag."""
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        out["type"] = self.type
+        return out
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]):
+        """Build from a decoded mapping; unknown keys are ignored (newer peers may add fields)."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in msg.items() if k in names})
+
+
+@dataclass(slots=True)
+class Hello(Message):
+    """First message on every connection: who this rank is."""
+
+    type: ClassVar[str] = "hello"
+    protocol: int
+    run_id: str
+    rank: int
+    world_size: int
+    host: str
+    platform: str
+    chip: str
+    memory_total: int
+    local_batch: int
+    config_digest: str
+    backlog: int = 0  # how many `update` records follow as history
+
+
+@dataclass(slots=True)
+class Update(Message):
+    """One rank's account of one optimizer update."""
+
+    type: ClassVar[str] = "update"
+    rank: int
+    step: int  # updates completed, counting this one
+    tokens: int  # global tokens seen by the run after this update
+    update_tokens: int  # global tokens in this update (all ranks)
+    local_tokens: int  # this rank's tokens in this update
+    loss: float  # global token-weighted mean loss of this update
+    lr: float
+    grad_norm: float
+    local_batch: int
+    microsteps: int
+    compute_s: float  # this rank's microsteps, until its accumulators are materialized
+    wait_s: float  # barrier before the gradient all-reduce: waiting for the slowest rank
+    transfer_s: float  # the gradient all-reduce itself
+    optimizer_s: float
+    update_s: float  # wall time of the whole update on this rank
+    active_mem: int  # bytes, after the update
+    peak_mem: int  # bytes, peak during the update (reset before it)
+    cache_mem: int
+    sys_mem_used: int = 0
+    sys_mem_available: int = 0
+    swap_used: int = 0
+    mem_pressure: float | None = None  # 0..1 where the OS reports it (macOS), else None
+    tokens_per_s: float = 0.0  # this rank's tokens / update_s
+    simulated: bool = False  # a simulated slowdown was applied on this rank
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(slots=True)
+class Event(Message):
+    """Something that happened on a rank: a checkpoint, a pause, an eval, a warning."""
+
+    type: ClassVar[str] = "event"
+    kind: str
+    rank: int
+    step: int
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(slots=True)
+class Command(Message):
+    """A signed control request from a client (see telemetry.auth for the MAC)."""
+
+    type: ClassVar[str] = "command"
+    id: int
+    cmd: str
+    args: dict[str, Any]
+    nonce: str
+    mac: str = ""
+
+
+@dataclass(slots=True)
+class Reply(Message):
+    """The answer to a command: applied (with its result) or refused (with why)."""
+
+    type: ClassVar[str] = "reply"
+    id: int
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Dropped(Message):
+    """Told to a slow subscriber: this many records were dropped from its buffer."""
+
+    type: ClassVar[str] = "dropped"
+    count: int
+    total: int
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.type: cls for cls in (Hello, Update, Event, Command, Reply, Dropped)
+}
