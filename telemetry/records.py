@@ -64,6 +64,8 @@ class Hello(Message):
     local_batch: int
     config_digest: str
     backlog: int = 0  # how many `update` records follow as history
+    event_backlog: int = 0  # how many `event` records follow the updates, as history
+    challenge: str = ""  # per-connection random hex; commands on this connection sign it
 
 
 @dataclass(slots=True)

@@ -1,0 +1,40 @@
+# Two commands set up and run the product on a fresh clone: `make demo` and `make test`.
+# Both create and fill .venv when it is missing (or when pyproject.toml changed).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# macOS takes plain mlx (Metal); Linux takes the CPU build unless FLEET_EXTRA says otherwise (cuda).
+ifeq ($(shell uname -s),Darwin)
+EXTRAS ?= dev
+else
+EXTRAS ?= $(or $(FLEET_EXTRA),cpu),dev
+endif
+
+.PHONY: demo test lint fmt clean venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+demo: venv
+	$(BIN)/fleet demo
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,88 @@
+"""The trainer's subcommands: `fleet prepare`, `train`, `launch` and `bench`.
+
+Nothing here imports mlx at module level, so `fleet prepare` and `--help` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    if name == "prepare":
+        from trainer.prepare import add_arguments
+
+        add_arguments(parser)
+    elif name == "train":
+        from trainer.config import add_arguments
+
+        parser.description = (
+            "Train a GPT on this machine, or as one rank of a run started by `fleet launch` "
+            "or `mlx.launch`. Flags, a --config TOML file and a resumed checkpoint share the "
+            "same keys; explicit flags win."
+        )
+        add_arguments(parser)
+    elif name == "launch":
+        from trainer.launch import add_arguments
+
+        add_arguments(parser)
+    elif name == "bench":
+        from trainer.bench import add_arguments
+
+        add_arguments(parser)
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    if name == "prepare":
+        from trainer.prepare import main
+
+        return main(args)
+    if name == "train":
+        return train(args)
+    if name == "launch":
+        from trainer.launch import main
+
+        return main(args)
+    if name == "bench":
+        from trainer.bench import main
+
+        return main(args)
+    raise ValueError(name)
+
+
+def train(args: argparse.Namespace) -> int:
+    """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
+    from telemetry.errors import TelemetryError
+    from trainer import checkpoint
+    from trainer.config import FIELDS, ConfigError, load_file, resolve
+    from trainer.data import DatasetError
+    from trainer.distributed import Cluster
+    from trainer.tokenizer import TokenizerError
+    from trainer.train import train as loop
+
+    cluster = Cluster()
+    who = f"fleet train: rank {cluster.rank}" if cluster.size > 1 else "fleet train"
+    try:
+        given = load_file(args.config) if args.config else {}
+        given.update({k: v for k, v in vars(args).items() if k in FIELDS})
+        resume_path, base = None, None
+        which = given.get("resume", "")
+        if which:
+            run_dir = given.get("run_dir") or FIELDS["run_dir"].default
+            resume_path, _, warnings = checkpoint.resolve(run_dir, which)
+            for w in warnings:
+                print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
+            base = checkpoint.read_json(resume_path, checkpoint.CONFIG)
+            base = {k: v for k, v in base.items() if k in FIELDS}
+        cfg = resolve(args, base)
+        return loop(cfg, cluster, resume_path, frozenset(given))
+    except (
+        ConfigError,
+        checkpoint.CheckpointError,
+        DatasetError,
+        TokenizerError,
+        TelemetryError,
+    ) as e:
+        print(f"{who}: error: {e}", file=sys.stderr, flush=True)
+        return 2

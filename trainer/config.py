@@ -1,0 +1,263 @@
+"""Training arguments: one dataclass whose fields carry their help, read from flags and TOML."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which key and why."""
+
+
+def _f(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of `fleet train`; flags, `--config run.toml` and checkpoints share these names."""
+
+    # --- data and run folder
+    data: str = _f("", "dataset folder written by `fleet prepare`")
+    run_dir: str = _f("runs/default", "run folder: config, checkpoints, telemetry logs")
+    synthetic: bool = _f(False, "random tokens and fresh weights, for benchmarks (no --data)")
+    seq_len: int = _f(0, "sequence length (0 = the dataset's; 256 with --synthetic)")
+    seed: int = _f(0, "seed for weights, sample order and sampling")
+    # --- model
+    depth: int = _f(4, "transformer blocks")
+    width: int = _f(0, "model width (0 = 64 x depth, as nanochat)")
+    heads: int = _f(0, "attention heads (0 = width / 64)")
+    vocab: int = _f(0, "vocabulary size (0 = the tokenizer's, padded to a multiple of 64)")
+    precision: str = _f(
+        "fp32",
+        "fp32, bf16, or mixed (FP32 master weights and optimizer state, bf16 compute)",
+        choices=("fp32", "bf16", "mixed"),
+    )
+    # --- batch
+    local_batch: int = _f(8, "samples per microstep on this rank (one rank)")
+    local_batches: str = _f("", "samples per microstep, one per rank, e.g. 6,4,2 (sum = global)")
+    accum: int = _f(1, "microsteps per optimizer update")
+    accum_mode: str = _f(
+        "sequential",
+        "sequential: one compiled microbatch at a time, FP32 accumulators materialized each "
+        "microstep; unrolled: one lazy graph over all microsteps (the baseline)",
+        choices=("sequential", "unrolled"),
+    )
+    updates: int = _f(100, "train until this many optimizer updates have been made in all")
+    # --- optimizer
+    lr: float = _f(2e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr")
+    warmup: float = _f(0.05, "warmup as a fraction of the run's planned tokens")
+    decay: str = _f(
+        "cosine",
+        "decay after warmup, driven by tokens seen",
+        choices=("cosine", "linear", "constant"),
+    )
+    weight_decay: float = _f(0.1, "AdamW weight decay (every weight is a matrix here)")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    grad_clip: float = _f(1.0, "clip gradients to this global norm (0 = never)")
+    # --- memory
+    cache_limit_gb: str = _f("", "MLX allocation cache cap in GiB: one value, or one per rank")
+    memory_limit_gb: str = _f("", "MLX memory limit in GiB: one value, or one per rank")
+    wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
+    # --- evaluation and samples
+    eval_every: int = _f(0, "token-weighted loss on the held-out split every N updates (0 = never)")
+    eval_samples: int = _f(256, "held-out samples per evaluation (0 = all)")
+    sample_every: int = _f(0, "generate text from --prompt every N updates (0 = never)")
+    prompt: str = _f("def ", "prompt for generated samples")
+    sample_tokens: int = _f(64, "tokens to generate per sample")
+    # --- checkpoints
+    checkpoint_every: int = _f(0, "checkpoint every N updates (0 = only at the end)")
+    keep_checkpoints: int = _f(3, "checkpoints to keep (0 = all)")
+    resume: str = _f("", "resume from a checkpoint folder, or `latest` in --run-dir")
+    # --- distributed, telemetry and diagnosis
+    collective_timeout: float = _f(300.0, "exit if no progress for this many seconds (0 = never)")
+    simulate_slowdown: str = _f(
+        "", "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep"
+    )
+    telemetry_port_base: int = _f(
+        47800, "rank r serves telemetry on 127.0.0.1:(base + r) (0 = off)"
+    )
+    telemetry_unix_socket: bool = _f(
+        False, "also serve telemetry on a Unix socket in the run folder"
+    )
+    log_every: int = _f(1, "print the progress line every N updates")
+
+    # Keys that describe the run's math; a resume must agree on these (see checkpoint.py).
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """Short identity of the resolved config, shown in telemetry hellos."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # --- per-rank values
+    def split(self, world_size: int) -> list[int]:
+        """The local batch of every rank."""
+        if self.local_batches:
+            split = parse_ints(self.local_batches, "local_batches")
+            if len(split) != world_size:
+                raise ConfigError(
+                    f"--local-batches has {len(split)} values ({self.local_batches}) but the run "
+                    f"has {world_size} rank(s): give one per rank"
+                )
+        else:
+            split = [self.local_batch] * world_size
+        if any(b < 1 for b in split):
+            raise ConfigError(f"every local batch must be at least 1, got {split}")
+        return split
+
+    def per_rank(self, name: str, world_size: int, rank: int) -> float | None:
+        """One value for all ranks or one per rank (--cache-limit-gb 16,16,4); None if unset."""
+        raw = getattr(self, name)
+        if raw in ("", None):
+            return None
+        values = parse_floats(str(raw), name)
+        if len(values) == 1:
+            return values[0]
+        if len(values) != world_size:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} has {len(values)} values but the run has "
+                f"{world_size} rank(s): give one value, or one per rank"
+            )
+        return values[rank]
+
+    def slowdown(self, world_size: int, rank: int) -> float:
+        factor = self.per_rank("simulate_slowdown", world_size, rank)
+        if factor is not None and factor < 1:
+            raise ConfigError(f"--simulate-slowdown factors must be >= 1, got {factor}")
+        return factor or 1.0
+
+    def validate(self) -> None:
+        if not self.synthetic and not self.data:
+            raise ConfigError("give --data DIR (made by `fleet prepare`) or --synthetic")
+        for name in ("depth", "accum", "updates", "local_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in (
+            "width",
+            "heads",
+            "vocab",
+            "seq_len",
+            "eval_every",
+            "sample_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "eval_samples",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+        if not 0 <= self.warmup <= 1:
+            raise ConfigError(f"--warmup is a fraction of the run, got {self.warmup}")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}")
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--{name.replace('_', '-')}: expected integers like 4,2,2, got {text!r}"
+        ) from None
+
+
+def parse_floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--{name.replace('_', '-')}: expected numbers like 16,4, got {text!r}"
+        ) from None
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; defaults are suppressed so explicit flags can be told apart."""
+    parser.add_argument("--config", metavar="FILE", help="TOML (or JSON) file with the same keys")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f"{f.metadata['help']} [default: {f.default!r}]"
+        if f.type == "bool" or isinstance(f.default, bool):
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_
+            )
+        else:
+            parser.add_argument(
+                flag,
+                type=type(f.default),
+                default=argparse.SUPPRESS,
+                choices=f.metadata.get("choices"),
+                help=help_,
+                metavar=f.name.upper(),
+            )
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Keys from a TOML or JSON config file; unknown keys and wrong types are errors."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        kind = "JSON" if path.suffix == ".json" else "TOML"
+        raise ConfigError(f"{path}: not valid {kind}: {e}") from None
+    return check_keys(raw, str(path))
+
+
+def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+        default = FIELDS[name].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if (
+            isinstance(default, str)
+            and isinstance(value, (list, int, float))
+            and not isinstance(value, bool)
+        ):  # per-rank lists may be written as TOML arrays
+            value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        if type(value) is not type(default):
+            raise ConfigError(f"{where}: {key} must be {type(default).__name__}, got {value!r}")
+        choices = FIELDS[name].metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}, got {value!r}")
+        out[name] = value
+    return out
+
+
+def resolve(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults < `base` (a resumed checkpoint's config) < --config file < explicit flags."""
+    values: dict[str, Any] = dict(base or {})
+    if getattr(args, "config", None):
+        values.update(load_file(args.config))
+    values.update({k: v for k, v in vars(args).items() if k in FIELDS})
+    cfg = TrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def explicit(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields given on the command line or in --config (not defaults)."""
+    values = load_file(args.config) if getattr(args, "config", None) else {}
+    values.update({k: v for k, v in vars(args).items() if k in FIELDS})
+    return values

@@ -1,0 +1,170 @@
+"""MLX's distributed group as the loop sees it: bucketed sums, the barrier, command broadcast."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from functools import reduce
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
+BUCKET_BYTES = 32 * 1024**2  # as nn.average_gradients: few large all-reduces beat many small ones
+
+# Commands travel between ranks as small integer vectors: [code, payload...].
+CODES = {
+    "none": 0,
+    "pause": 1,
+    "resume": 2,
+    "checkpoint": 3,
+    "rebalance": 4,
+    "stop": 5,
+    "heartbeat": 6,
+}
+NAMES = {v: k for k, v in CODES.items()}
+
+
+class PeerLost(RuntimeError):
+    """A collective failed because another rank went away."""
+
+
+class Cluster:
+    """The ranks of this run; every method is a no-op collective on a single rank."""
+
+    def __init__(self, group: mx.distributed.Group | None = None) -> None:
+        self.group = group if group is not None else mx.distributed.init()
+        self.rank, self.size = self.group.rank(), self.group.size()
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def _sum(self, x: mx.array) -> mx.array:
+        try:
+            out = mx.distributed.all_sum(x, group=self.group)
+            mx.eval(out)
+        except RuntimeError as e:
+            raise PeerLost(str(e)) from e
+        return out
+
+    def sum_gradients(
+        self, grads: dict, scalars: mx.array, bucket_bytes: int = BUCKET_BYTES
+    ) -> tuple[dict, mx.array]:
+        """Sum FP32 gradient trees and a vector of scalars (loss sum, token count) over ranks.
+
+        Unlike nn.average_gradients this sums (the optimizer divides by the global token
+        count) and carries the scalars in the last bucket, so an update costs one round of
+        all-reduces whatever the split.
+        """
+        if self.size == 1:
+            return grads, scalars
+        flat = tree_flatten(grads)
+        buckets, current, size = [], [], 0
+        for i, (_, g) in enumerate(flat):
+            current.append(i)
+            size += g.nbytes
+            if size >= bucket_bytes:
+                buckets.append(current)
+                current, size = [], 0
+        buckets.append(current)  # the last bucket (possibly empty) also carries the scalars
+        out = []
+        for n, bucket in enumerate(buckets):
+            parts = [flat[i][1].reshape(-1) for i in bucket]
+            if n == len(buckets) - 1:
+                parts.append(scalars.astype(mx.float32).reshape(-1))
+            summed = self._sum(mx.concatenate(parts))
+            sizes = [flat[i][1].size for i in bucket]
+            offsets = reduce(lambda acc, s: acc + [acc[-1] + s], sizes, [0])
+            pieces = mx.split(summed, offsets[1:]) if sizes else [summed]
+            out.extend(
+                (flat[i][0], pieces[j].reshape(flat[i][1].shape)) for j, i in enumerate(bucket)
+            )
+            if n == len(buckets) - 1:
+                scalars = pieces[-1]
+        return tree_unflatten(out), scalars
+
+    def barrier(self) -> float:
+        """A tiny all-reduce; the seconds it took are time spent waiting for the slowest rank."""
+        t0 = time.perf_counter()
+        if self.size > 1:
+            self._sum(mx.zeros((1,), dtype=mx.float32))
+        return time.perf_counter() - t0
+
+    def all_sum_floats(self, values: list[float]) -> list[float]:
+        if self.size == 1:
+            return list(values)
+        return self._sum(mx.array(values, dtype=mx.float32)).tolist()
+
+    def broadcast_command(self, cmd: str, payload: list[int]) -> tuple[str, list[int]]:
+        """Rank 0's command reaches every rank at the same boundary (others pass "none").
+
+        The vector is [code, len, payload...] padded to a fixed width, summed with zeros from
+        every other rank: one tiny all-reduce, the same call on every rank.
+        """
+        width = 3 + self.size  # code, length, up to one value per rank (a split)
+        vec = [0] * width
+        if self.is_root:
+            vec[0], vec[1] = CODES[cmd], len(payload)
+            vec[2 : 2 + len(payload)] = payload
+        if self.size > 1:
+            vec = [int(round(v)) for v in self._sum(mx.array(vec, dtype=mx.float32)).tolist()]
+        code, n = vec[0], vec[1]
+        return NAMES.get(code, "none"), vec[2 : 2 + n]
+
+    def gather_bytes(self, blob: bytes) -> list[bytes]:
+        """Every rank's `blob` (all the same length), in rank order."""
+        if self.size == 1:
+            return [blob]
+        mine = mx.array(list(blob), dtype=mx.uint8)
+        try:
+            everyone = mx.distributed.all_gather(mine, group=self.group)
+            mx.eval(everyone)
+        except RuntimeError as e:
+            raise PeerLost(str(e)) from e
+        rows = everyone.reshape(self.size, len(blob)).tolist()
+        return [bytes(r) for r in rows]
+
+
+class Watchdog:
+    """Ends the process when the loop makes no progress for `timeout` seconds.
+
+    A stopped peer (SIGSTOP, a machine deep in swap) leaves the others blocked inside an
+    all-reduce forever; this thread is what turns that into an exit with a diagnosis.
+    """
+
+    def __init__(self, timeout: float, rank: int, on_expire=None) -> None:
+        self.timeout, self.rank = timeout, rank
+        self.stage, self.since = "starting", time.monotonic()
+        self._stop = threading.Event()
+        self._on_expire = on_expire
+        self._thread = threading.Thread(target=self._run, name="fleet-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        if self.timeout > 0:
+            self._thread.start()
+        return self
+
+    def progress(self, stage: str) -> None:
+        """Mark that the loop is alive and entering `stage`."""
+        self.stage, self.since = stage, time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout / 4)):
+            idle = time.monotonic() - self.since
+            if idle > self.timeout:
+                msg = (
+                    f"fleet train: rank {self.rank}: no progress for {idle:.0f}s in stage "
+                    f"'{self.stage}' (--collective-timeout {self.timeout:g}); a peer rank has "
+                    "probably stalled or died. Exiting."
+                )
+                print(msg, file=sys.stderr, flush=True)
+                if self._on_expire is not None:
+                    with contextlib.suppress(Exception):  # tell telemetry if it still can
+                        self._on_expire(msg)
+                os._exit(3)

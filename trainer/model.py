@@ -1,0 +1,161 @@
+"""A GPT of the nanochat family: rotary positions, RMSNorm, QK-norm, ReLU² MLP, untied head."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+HEAD_DIM = 64  # default head size when --heads is 0
+VOCAB_MULTIPLE = 64  # the embedding and head are padded to this for friendlier matmul shapes
+LOGIT_SOFTCAP = 15.0  # nanochat caps logits smoothly; keeps early training stable
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture; two runs may share weights only if these are equal."""
+
+    depth: int
+    width: int
+    heads: int
+    vocab: int
+    seq_len: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @classmethod
+    def from_sizes(
+        cls, *, depth: int, width: int = 0, heads: int = 0, vocab: int, seq_len: int
+    ) -> ModelConfig:
+        """nanochat sizing: width 64 x depth unless given; heads of 64 unless given."""
+        width = width or 64 * depth
+        heads = heads or max(1, width // HEAD_DIM)
+        if depth < 1 or width < 1 or vocab < 2 or seq_len < 1:
+            raise ValueError(f"impossible model size: depth={depth} width={width} vocab={vocab}")
+        if width % heads:
+            raise ValueError(f"width {width} is not divisible by heads {heads}")
+        if (width // heads) % 2:
+            raise ValueError(f"head size {width // heads} must be even for rotary embeddings")
+        return cls(depth=depth, width=width, heads=heads, vocab=vocab, seq_len=seq_len)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def padded_vocab(n: int) -> int:
+    """The tokenizer's vocabulary rounded up to VOCAB_MULTIPLE."""
+    return -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def _norm(x: mx.array, eps: float) -> mx.array:
+    # RMSNorm without a learnable gain, as in nanochat: one fused kernel, no parameters.
+    return mx.fast.rms_norm(x, None, eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.eps = cfg.heads, cfg.width // cfg.heads, cfg.norm_eps
+        self.rope_base = cfg.rope_base
+        self.c_q = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.c_k = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.c_v = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.c_proj = nn.Linear(cfg.width, cfg.width, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        B, T, C = x.shape
+        q, k, v = (
+            f(x).reshape(B, T, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+            for f in (self.c_q, self.c_k, self.c_v)
+        )
+        rope = dict(traditional=False, base=self.rope_base, scale=1.0, offset=0)
+        q = _norm(mx.fast.rope(q, self.head_dim, **rope), self.eps)  # QK-norm after rotary
+        k = _norm(mx.fast.rope(k, self.head_dim, **rope), self.eps)
+        y = mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask="causal"
+        )
+        return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
+        self.c_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.c_proj(mx.square(nn.relu(self.c_fc(x))))  # ReLU²
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = x + self.attn(_norm(x, self.eps))
+        return x + self.mlp(_norm(x, self.eps))
+
+
+class GPT(nn.Module):
+    """Token ids (B, T) in, logits (B, T, vocab) out."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.width)
+        self.blocks = [Block(cfg) for _ in range(cfg.depth)]
+        self.lm_head = nn.Linear(cfg.width, cfg.vocab, bias=False)
+
+    def __call__(self, idx: mx.array) -> mx.array:
+        x = _norm(self.wte(idx), self.cfg.norm_eps)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(_norm(x, self.cfg.norm_eps))
+        return LOGIT_SOFTCAP * mx.tanh(logits / LOGIT_SOFTCAP)
+
+    def init_weights(self, seed: int) -> None:
+        """nanochat's init: unit-variance embedding, zeroed output projections, small head."""
+        flat = tree_flatten(self.parameters())
+        keys = mx.random.split(mx.random.key(seed), len(flat))
+        params = {}
+        for k, (name, p) in zip(keys, flat, strict=True):
+            if name.endswith("c_proj.weight"):
+                params[name] = mx.zeros_like(p)
+            elif name == "lm_head.weight":
+                params[name] = 0.001 * mx.random.normal(p.shape, key=k)
+            elif name == "wte.weight":
+                params[name] = mx.random.normal(p.shape, key=k)
+            else:  # uniform with std 1/sqrt(fan_in), as nanochat's linear init
+                bound = math.sqrt(3.0 / p.shape[-1])
+                params[name] = mx.random.uniform(-bound, bound, p.shape, key=k)
+        self.load_weights(list(params.items()))
+
+    def num_params(self) -> int:
+        return sum(p.size for _, p in tree_flatten(self.parameters()))
+
+    def flops_per_token(self) -> int:
+        """nanoGPT's count: 6N for the matmuls plus the attention scores and values."""
+        c = self.cfg
+        return 6 * self.num_params() + 12 * c.depth * c.width * c.seq_len
+
+    def generate(self, prompt: list[int], max_new: int, temperature: float = 0.8, seed: int = 0):
+        """Sample up to max_new token ids after prompt (no KV cache: samples are short and rare)."""
+        ids = list(prompt)[-self.cfg.seq_len :]
+        key = mx.random.key(seed)
+        out = []
+        for _ in range(max_new):
+            logits = self(mx.array([ids[-self.cfg.seq_len :]]))[0, -1].astype(mx.float32)
+            key, sub = mx.random.split(key)
+            if temperature <= 0:
+                nxt = int(mx.argmax(logits).item())
+            else:
+                nxt = int(mx.random.categorical(logits / temperature, key=sub).item())
+            ids.append(nxt)
+            out.append(nxt)
+        return out

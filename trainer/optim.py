@@ -1,0 +1,55 @@
+"""AdamW and a learning-rate schedule driven by tokens seen, not by steps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.optimizers as optim
+
+from trainer.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Linear warmup to `peak`, then cosine or linear decay to `peak * min_ratio` at `total`.
+
+    Driven by tokens so that changing the batch split, or the global batch between runs,
+    keeps the learning rate where the data says the run is.
+    """
+
+    peak: float
+    total_tokens: int
+    warmup_tokens: int
+    min_ratio: float = 0.1
+    decay: str = "cosine"
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, tokens_per_update: int) -> Schedule:
+        total = cfg.updates * tokens_per_update
+        return cls(
+            peak=cfg.lr,
+            total_tokens=total,
+            warmup_tokens=int(cfg.warmup * total),
+            min_ratio=cfg.min_lr_ratio,
+            decay=cfg.decay,
+        )
+
+    def __call__(self, tokens: int) -> float:
+        if self.warmup_tokens and tokens < self.warmup_tokens:
+            return self.peak * (tokens + 1) / self.warmup_tokens
+        if self.decay == "constant":
+            return self.peak
+        span = max(1, self.total_tokens - self.warmup_tokens)
+        t = min(1.0, max(0.0, (tokens - self.warmup_tokens) / span))
+        floor = self.peak * self.min_ratio
+        if self.decay == "linear":
+            return floor + (self.peak - floor) * (1.0 - t)
+        return floor + (self.peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
+    """AdamW on every weight: the model has only matrices (no biases, no norm gains)."""
+    return optim.AdamW(
+        learning_rate=cfg.lr, betas=[cfg.beta1, cfg.beta2], eps=1e-8, weight_decay=cfg.weight_decay
+    )

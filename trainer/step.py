@@ -1,0 +1,105 @@
+"""The compiled pieces of an update: microbatch gradients, FP32 accumulation, optimizer step."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map
+
+from trainer.model import GPT
+
+Tree = dict
+
+
+def zeros_f32(params: Tree) -> Tree:
+    """FP32 accumulators shaped like the parameters."""
+    return tree_map(lambda p: mx.zeros(p.shape, dtype=mx.float32), params)
+
+
+def global_norm(tree: Tree) -> mx.array:
+    leaves = [g for _, g in _leaves(tree)]
+    return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for g in leaves))
+
+
+def _leaves(tree: Tree):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
+
+
+class Stepper:
+    """Owns the compiled functions for one model and optimizer.
+
+    `model` holds the master weights (FP32 for fp32/mixed, bf16 for bf16). The forward pass
+    runs on `twin`, a second GPT of the same shape that is only ever given (cast) traced
+    parameters, so tracing and casting never touch the master weights.
+    """
+
+    def __init__(self, model: GPT, optimizer, *, precision: str, pad_id: int, grad_clip: float):
+        self.model, self.optimizer = model, optimizer
+        self.pad_id, self.grad_clip = pad_id, grad_clip
+        self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
+        self.cast = precision == "mixed"
+        self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
+        self._value_and_grad = mx.value_and_grad(self._loss_sums)
+        self._micro = mx.compile(self._micro_impl)
+        self._unrolled = mx.compile(self._unrolled_impl)
+        self._eval = mx.compile(self._loss_sums)
+        state = [model.state, optimizer.state]
+        self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+
+    # --- loss: the sum of per-token cross-entropy over real tokens, and their count
+    def _loss_sums(self, params: Tree, batch: mx.array) -> tuple[mx.array, mx.array]:
+        if self.cast:
+            params = tree_map(lambda p: p.astype(self.compute_dtype), params)
+        self.twin.update(params)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.twin(inputs).astype(mx.float32)  # the softmax in FP32 whatever the compute
+        ce = nn.losses.cross_entropy(logits, targets, reduction="none")
+        mask = targets != self.pad_id
+        return (ce * mask).sum(), mask.sum().astype(mx.float32)
+
+    # --- sequential accumulation: one microbatch per call, accumulators materialized by caller
+    def _micro_impl(self, params, acc, loss_sum, ntok, batch):
+        (loss, n), grads = self._value_and_grad(params, batch)
+        acc = tree_map(lambda a, g: a + g.astype(mx.float32), acc, grads)
+        return acc, loss_sum + loss, ntok + n
+
+    def microstep(self, acc: Tree, loss_sum: mx.array, ntok: mx.array, batch: mx.array):
+        """Add one microbatch's gradient of its summed loss to the FP32 accumulators (lazy)."""
+        return self._micro(self.model.trainable_parameters(), acc, loss_sum, ntok, batch)
+
+    # --- unrolled accumulation: one graph over every microbatch (the memory baseline)
+    def _unrolled_impl(self, params, batches):
+        def total(p):
+            sums = [self._loss_sums(p, b) for b in batches]
+            return sum(s[0] for s in sums), sum(s[1] for s in sums)
+
+        (loss, n), grads = mx.value_and_grad(total)(params)
+        return tree_map(lambda g: g.astype(mx.float32), grads), loss, n
+
+    def unrolled(self, batches: list[mx.array]):
+        """Gradients of the summed loss over all microbatches in one lazy computation."""
+        return self._unrolled(self.model.trainable_parameters(), batches)
+
+    def eval_sums(self, batch: mx.array) -> tuple[mx.array, mx.array]:
+        return self._eval(self.model.trainable_parameters(), batch)
+
+    # --- optimizer: divide by the update's global token count, clip, step
+    def _apply_impl(self, grad_sum, ntok):
+        grads = tree_map(lambda g: g / ntok, grad_sum)
+        norm = global_norm(grads)
+        if self.grad_clip > 0:
+            scale = mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
+            grads = tree_map(lambda g: g * scale, grads)
+        params = self.model.trainable_parameters()
+        grads = tree_map(lambda g, p: g.astype(p.dtype), grads, params)
+        self.optimizer.update(self.model, grads)
+        return norm
+
+    def apply(self, grad_sum: Tree, ntok: mx.array, lr: float) -> mx.array:
+        """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm."""
+        self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
+        return self._apply(grad_sum, ntok)
