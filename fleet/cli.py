@@ -11,6 +11,8 @@ import argparse
 import sys
 from importlib import import_module
 
+from fleet.blas import reexec_with_openblas
+
 # subcommand -> (module that owns it, one-line help). Each module has
 # `configure(name, parser)` and `run(name, args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -23,6 +25,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "console": ("console.cli", "the live operator console (Textual, over SSH)"),
     "demo": ("console.cli", "the product in one command: a local run and its console"),
 }
+
+# Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (fleet/blas.py).
+COMPUTE = frozenset({"train", "launch", "bench", "demo"})
 
 
 def _overview() -> str:
@@ -37,6 +42,8 @@ def _overview() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; `argv=None` means the real command line (and may re-exec)."""
+    as_command = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_overview())
@@ -45,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
         return 2
+    if as_command and name in COMPUTE:
+        reexec_with_openblas(argv)
     module = import_module(SUBCOMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
     module.configure(name, parser)

@@ -74,7 +74,8 @@ def train(args: argparse.Namespace) -> int:
             for w in warnings:
                 print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
             base = checkpoint.read_json(resume_path, checkpoint.CONFIG)
-            base = {k: v for k, v in base.items() if k in FIELDS}
+            # A resumed run keeps the checkpoint's settings, except how this session ends.
+            base = {k: v for k, v in base.items() if k in FIELDS and k not in ("stop_at",)}
         cfg = resolve(args, base)
         return loop(cfg, cluster, resume_path, frozenset(given))
     except (

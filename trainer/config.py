@@ -51,6 +51,9 @@ class TrainConfig:
         choices=("sequential", "unrolled"),
     )
     updates: int = _f(100, "train until this many optimizer updates have been made in all")
+    stop_at: int = _f(
+        0, "checkpoint and exit at this update, keeping the schedule of --updates (0 = never)"
+    )
     # --- optimizer
     lr: float = _f(2e-3, "peak learning rate (AdamW)")
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr")

@@ -60,6 +60,7 @@ def train(
 
     # Ctrl-C / SIGTERM on rank 0 become a `stop` at the next boundary (checkpoint, clean exit);
     # a second one interrupts at once.
+    previous_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     if cluster.is_root:
 
         def _stop(signum, frame):
@@ -128,6 +129,9 @@ def train(
     step, stopping, last_saved = state["step"], False, None
     try:
         while step < cfg.updates and not stopping:
+            if cfg.stop_at and step >= cfg.stop_at:
+                say(f"stopping at update {step} (--stop-at); resume with --resume latest")
+                break
             # --- control: rank 0's next command reaches every rank at this boundary
             watchdog.progress("control")
             action = controller.exchange(split, run.mem_caps)
@@ -311,6 +315,8 @@ def train(
         run.on_fatal(str(e))
         return 4
     finally:
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
         watchdog.stop()
         controller.queue.refuse_all("the run has ended")
         reporter.close()

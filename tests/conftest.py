@@ -1,0 +1,84 @@
+"""Shared fixtures: a tiny prepared dataset, free loopback ports, and `fleet` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port(count: int = 1) -> int:
+    """A base port with `count` consecutive free loopback ports after it."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        try:
+            held = []
+            for p in range(base, base + count):
+                t = socket.socket()
+                held.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in held:
+                t.close()
+    raise RuntimeError("no free port range")
+
+
+@pytest.fixture
+def port_base():
+    return free_port(8)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A byte-tokenized dataset of a few standard-library files, 32-token rows."""
+    from trainer.prepare import PrepareConfig, prepare
+
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    prepare(
+        PrepareConfig(
+            out=out, stdlib=True, max_files=12, seq_len=32, rows_per_group=64, val_fraction=0.05
+        )
+    )
+    return out
+
+
+def fleet_env(**extra: str) -> dict[str, str]:
+    """The environment for `fleet` subprocesses: this checkout first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_fleet(
+    *args: str, timeout: float = 300, check: bool = True, **kw
+) -> subprocess.CompletedProcess:
+    """`fleet ARGS` in a fresh interpreter, as a user would run it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=fleet_env(),
+        cwd=kw.get("cwd"),
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"fleet {' '.join(args)} exited {proc.returncode}:\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc

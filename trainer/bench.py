@@ -1,0 +1,240 @@
+"""`fleet bench`: memory (accumulation modes), throughput, balance and telemetry benchmarks.
+
+Each measured configuration runs in a fresh process, so one variant's allocator cache and
+compiled graphs never colour another's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+GiB = 1024**3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    mem = sub.add_parser(
+        "memory",
+        help="peak memory of unrolled vs sequential gradient accumulation",
+        description="The same model and update under unrolled and sequential accumulation, "
+        "each in a fresh process: peak active memory, the ratio, and update times.",
+    )
+    _model_args(mem, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
+    mem.add_argument("--updates", type=int, default=2, help="measured updates (after 1 warmup)")
+    mem.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    thr = sub.add_parser(
+        "throughput",
+        help="tokens/s, MFU, peak memory and update time of the trainer's update",
+        description="The trainer's own update path (model, precision, accumulation, "
+        "optimizer, compiled step) on synthetic tokens.",
+    )
+    _model_args(thr, depth=4, width=256, heads=4, seq_len=256, local_batch=8, accum=1)
+    thr.add_argument("--updates", type=int, default=10, help="measured updates")
+    thr.add_argument("--warmup", type=int, default=2, help="updates before measuring")
+    thr.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="the device's dense bf16 peak for MFU (0 = known devices only)",
+    )
+    thr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    # The worker that measures one configuration in its own process (internal).
+    worker = sub.add_parser("_worker")
+    _model_args(worker, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
+    worker.add_argument("--updates", type=int, default=2)
+    worker.add_argument("--warmup", type=int, default=1)
+
+
+def _model_args(p: argparse.ArgumentParser, **d) -> None:
+    p.add_argument("--depth", type=int, default=d["depth"])
+    p.add_argument("--width", type=int, default=d["width"])
+    p.add_argument("--heads", type=int, default=d["heads"])
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=d["seq_len"])
+    p.add_argument("--local-batch", type=int, default=d["local_batch"])
+    p.add_argument("--accum", type=int, default=d["accum"])
+    p.add_argument("--accum-mode", choices=("sequential", "unrolled"), default="sequential")
+    p.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.bench == "memory":
+        return memory(args)
+    if args.bench == "throughput":
+        return throughput(args)
+    if args.bench == "_worker":
+        print(json.dumps(measure(args)), flush=True)
+        return 0
+    raise ValueError(args.bench)
+
+
+def _model_argv(args: argparse.Namespace, **override) -> list[str]:
+    values = {
+        k: getattr(args, k)
+        for k in (
+            "depth",
+            "width",
+            "heads",
+            "vocab",
+            "seq_len",
+            "local_batch",
+            "accum",
+            "accum_mode",
+            "precision",
+        )
+    }
+    values.update(override)
+    argv = []
+    for k, v in values.items():
+        argv += ["--" + k.replace("_", "-"), str(v)]
+    return argv
+
+
+def run_worker(argv: list[str]) -> dict:
+    """Measure one configuration in a fresh interpreter; returns its JSON figures."""
+    cmd = [sys.executable, "-m", "fleet.cli", "bench", "_worker", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker failed ({' '.join(argv)}):\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Build the model and optimizer, run warmup + measured updates, report the figures."""
+    import mlx.core as mx
+    import numpy as np
+
+    from trainer.config import TrainConfig
+    from trainer.data import SyntheticStream
+    from trainer.model import GPT, ModelConfig
+    from trainer.optim import make_optimizer
+    from trainer.step import Stepper, zeros_f32
+
+    mcfg = ModelConfig.from_sizes(
+        depth=args.depth, width=args.width, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len
+    )
+    model = GPT(mcfg)
+    model.init_weights(0)
+    if args.precision == "bf16":
+        model.set_dtype(mx.bfloat16)
+    optimizer = make_optimizer(TrainConfig(synthetic=True))
+    optimizer.init(model.trainable_parameters())
+    mx.eval(model.parameters(), optimizer.state)
+    stepper = Stepper(model, optimizer, precision=args.precision, pad_id=-1, grad_clip=1.0)
+    stream = SyntheticStream(args.vocab, args.seq_len, 0)
+    B, accum = args.local_batch, args.accum
+
+    def update(i: int) -> None:
+        batches = [mx.array(stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
+        if args.accum_mode == "sequential":
+            acc = zeros_f32(model.trainable_parameters())
+            loss, ntok = mx.array(0.0), mx.array(0.0)
+            for b in batches:
+                acc, loss, ntok = stepper.microstep(acc, loss, ntok, b)
+                mx.eval(acc, loss, ntok)
+        else:
+            acc, loss, ntok = stepper.unrolled(batches)
+            mx.eval(acc, loss, ntok)
+        norm = stepper.apply(acc, ntok, 1e-4)
+        mx.eval(model.parameters(), optimizer.state, norm)
+
+    for i in range(args.warmup):
+        update(i)
+    times, peaks = [], []
+    for i in range(args.warmup, args.warmup + args.updates):
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        update(i)
+        times.append(time.perf_counter() - t0)
+        peaks.append(mx.get_peak_memory())
+    tokens = B * accum * args.seq_len
+    median = float(np.median(times))
+    return {
+        "accum_mode": args.accum_mode,
+        "precision": args.precision,
+        "params": model.num_params(),
+        "tokens_per_update": tokens,
+        "peak_bytes": int(max(peaks)),
+        "update_s": median,
+        "tokens_per_s": tokens / median,
+        "flops_per_token": model.flops_per_token(),
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+    }
+
+
+def memory(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    err = Console(stderr=True)
+    results = {}
+    for mode in ("unrolled", "sequential"):
+        if not args.json:
+            err.print(f"measuring {mode} accumulation in a fresh process...")
+        argv = _model_argv(args, accum_mode=mode) + ["--updates", str(args.updates)]
+        results[mode] = run_worker(argv)
+    ratio = results["sequential"]["peak_bytes"] / results["unrolled"]["peak_bytes"]
+    out = {
+        "config": {
+            k: getattr(args, k)
+            for k in (
+                "depth",
+                "width",
+                "heads",
+                "vocab",
+                "seq_len",
+                "local_batch",
+                "accum",
+                "precision",
+            )
+        },
+        "unrolled": results["unrolled"],
+        "sequential": results["sequential"],
+        "peak_ratio": ratio,
+        "target_ratio": 0.4,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    table = Table(
+        title=f"gradient accumulation, {args.accum} microsteps of "
+        f"{args.local_batch}x{args.seq_len} tokens"
+    )
+    for col in ("mode", "peak active", "update time", "tokens/s"):
+        table.add_column(col, justify="right")
+    for mode in ("unrolled", "sequential"):
+        r = results[mode]
+        table.add_row(
+            mode,
+            f"{r['peak_bytes'] / GiB:.3f} GiB",
+            f"{r['update_s']:.2f} s",
+            f"{r['tokens_per_s']:,.0f}",
+        )
+    Console().print(table)
+    print(f"sequential / unrolled peak: {ratio:.2f}x (target <= 0.40x)")
+    return 0
+
+
+def throughput(args: argparse.Namespace) -> int:
+    argv = _model_argv(args) + ["--updates", str(args.updates), "--warmup", str(args.warmup)]
+    r = run_worker(argv)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    r["peak_flops"] = peak
+    r["mfu"] = (r["tokens_per_s"] * r["flops_per_token"] / peak) if peak else None
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    mfu = f", MFU {100 * r['mfu']:.1f}% of {args.peak_tflops:g} TFLOP/s" if peak else ""
+    print(
+        f"{r['tokens_per_s']:,.0f} tokens/s, update {r['update_s'] * 1000:.0f} ms, "
+        f"peak {r['peak_bytes'] / GiB:.2f} GiB ({r['params'] / 1e6:.1f}M params, "
+        f"{r['precision']}, {r['device']}){mfu}"
+    )
+    return 0
