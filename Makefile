@@ -11,6 +11,11 @@ else
 EXTRAS ?= $(or $(FLEET_EXTRA),cpu),dev
 endif
 
+# Debian's OpenBLAS, when present, replaces the reference BLAS of mlx[cpu] (fleet/blas.py).
+OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+                                   /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3))
+BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) FLEET_BLAS=openblas,)
+
 .PHONY: demo test lint fmt clean venv
 
 venv: $(VENV)/.installed
@@ -25,7 +30,7 @@ demo: venv
 	$(BIN)/fleet demo
 
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BLAS_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
