@@ -44,6 +44,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     thr.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    bal = sub.add_parser(
+        "balance",
+        help="tokens/s of batch splits across real local ranks (and the balancer's proposal)",
+        description="Synthetic updates on -n local ranks for each --variant split: the median "
+        "over counted updates of the slowest rank's update time, tokens/s, per-rank compute "
+        "and wait, and peak memory. Written as Parquet and CSV into the run folder.",
+    )
+    bal.add_argument("-n", type=int, default=3, help="local ranks")
+    bal.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SPLIT",
+        help="a split to measure, e.g. 2,2,2 (repeatable; default: the even split)",
+    )
+    bal.add_argument(
+        "--variant-cache-gb",
+        action="append",
+        default=[],
+        metavar="GB",
+        help="per-variant --cache-limit-gb, in the order of --variant",
+    )
+    bal.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="global microbatch (default: the first variant's sum, else 2n)",
+    )
+    bal.add_argument("--simulate-slowdown", default="", help="per-rank factors, e.g. 1,1,2")
+    bal.add_argument(
+        "--propose",
+        action="store_true",
+        help="also measure the split the balancer proposes from the variants",
+    )
+    bal.add_argument(
+        "--all",
+        action="store_true",
+        help="also measure every split of the global batch (small batches only)",
+    )
+    bal.add_argument("--updates", type=int, default=8, help="counted updates per variant")
+    bal.add_argument("--warmup", type=int, default=2, help="updates before counting")
+    bal.add_argument("--depth", type=int, default=2)
+    bal.add_argument("--width", type=int, default=128)
+    bal.add_argument("--seq-len", type=int, default=256)
+    bal.add_argument("--starting-port", type=int, default=30323, help="ring ports for the runs")
+    bal.add_argument("--run-dir", default="", help="where runs and tables go (default: runs/)")
+    bal.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     # The worker that measures one configuration in its own process (internal).
     worker = sub.add_parser("_worker")
     _model_args(worker, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
@@ -68,6 +116,10 @@ def main(args: argparse.Namespace) -> int:
         return memory(args)
     if args.bench == "throughput":
         return throughput(args)
+    if args.bench == "balance":
+        from trainer import balance_bench
+
+        return balance_bench.main(args)
     if args.bench == "_worker":
         print(json.dumps(measure(args)), flush=True)
         return 0

@@ -6,6 +6,7 @@ Nothing here imports mlx at module level, so `fleet prepare` and `--help` start 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -61,7 +62,17 @@ def train(args: argparse.Namespace) -> int:
     from trainer.tokenizer import TokenizerError
     from trainer.train import train as loop
 
-    cluster = Cluster()
+    try:
+        cluster = Cluster()
+    except RuntimeError as e:  # e.g. the ring backend cannot bind or reach its peers
+        rank = os.environ.get("MLX_RANK", "?")
+        print(
+            f"fleet train: rank {rank}: cannot join the distributed group: {e} (a port in "
+            "use? try another `fleet launch --starting-port`)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 3
     who = f"fleet train: rank {cluster.rank}" if cluster.size > 1 else "fleet train"
     try:
         given = load_file(args.config) if args.config else {}

@@ -225,8 +225,7 @@ def supervise(argv: list[str], env: dict[str, str], world: int) -> int:
         others = sorted({r for r, _ in failures[1:] if r != rank})
         tail = f"; then rank(s) {others} stopped too" if others else ""
         print(
-            f"fleet launch: rank {rank} failed first ({how}){tail}. "
-            "Its own messages are above, prefixed with its rank.",
+            f"fleet launch: rank {rank} failed first ({how}){tail}. Its messages are above.",
             file=sys.stderr,
         )
         return 1
