@@ -1,1 +1,1 @@
-"""Per-rank telemetry: typed records, a loopback msgpack server, signed control, and the Arrow log."""
+"""Per-rank telemetry: typed records, a loopback msgpack server, signed control, the Arrow log."""

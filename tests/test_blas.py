@@ -32,8 +32,9 @@ print(json.dumps([loss.item(), norm.item(), mx.sum(w * w).item()]))
 
 
 def _figures(env: dict[str, str]) -> list[float]:
-    out = subprocess.run([sys.executable, "-c", SNIPPET], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SNIPPET], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="The same model and update under unrolled and sequential accumulation, "
         "each in a fresh process: peak active memory, the ratio, and update times.",
     )
-    _model_args(mem, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
+    # Deep and narrow with long rows: activations (which grow with depth x batch x length)
+    # dominate the weights and optimizer state, as in a long-context run on a small Mac.
+    _model_args(mem, depth=8, width=128, heads=2, seq_len=256, local_batch=8, accum=4)
     mem.add_argument("--updates", type=int, default=2, help="measured updates (after 1 warmup)")
     mem.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

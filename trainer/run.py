@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import socket
 from collections.abc import Callable
@@ -102,6 +104,10 @@ def open_run(
     if cluster.is_root:
         for p in checkpoint.clear_orphans(run_dir):
             say(f"removed an unfinished checkpoint left by a crash: {p}")
+        # The resolved config, as this session runs it (checkpoints keep their own copy).
+        tmp = run_dir / f".config.json.{os.getpid()}"
+        tmp.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, run_dir / "config.json")
 
     # --- memory limits, per rank
     notes = memory.apply_limits(

@@ -123,7 +123,12 @@ def train(
             rank,
             state["step"],
             run.banner,
-            {"world_size": world, "split": split, "config_digest": cfg.digest()},
+            {
+                "world_size": world,
+                "split": split,
+                "updates": cfg.updates,
+                "config_digest": cfg.digest(),
+            },
         )
     )
     step, stopping, last_saved = state["step"], False, None

@@ -1,0 +1,74 @@
+"""Two lines at the top: is the run healthy, how far along, how fast."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from console import fmt
+from console.state import HeaderInfo
+
+STATUS_STYLE = {
+    "running": ("▶ RUNNING", "bold black on green"),
+    "paused": ("‖ PAUSED", "bold black on yellow"),
+    "stopped": ("■ STOPPED", "bold white on red"),
+    "connecting": ("◌ CONNECTING", "bold black on white"),
+    "no link": ("✗ NO LINK", "bold white on red"),
+}
+
+
+class RunHeader(Widget):
+    """Run id, status, step, tokens, rates, loss, ETA, live ranks and the straggler."""
+
+    DEFAULT_CSS = """
+    RunHeader {
+        height: 2;
+        padding: 0 1;
+        background: $panel;
+    }
+    """
+
+    info: reactive[HeaderInfo] = reactive(HeaderInfo, layout=False)
+    """The figures shown; set a new HeaderInfo to redraw."""
+    badges: reactive[tuple[str, ...]] = reactive(tuple)
+    """Extra tags such as READ-ONLY or REPLAY 4x."""
+
+    def render(self) -> Text:
+        h = self.info
+        label, style = STATUS_STYLE.get(h.status, (h.status.upper(), "bold"))
+        top = Text()
+        top.append(f" {label} ", style)
+        for badge in self.badges:
+            top.append(" ")
+            top.append(f" {badge} ", "bold black on cyan")
+        # Most telling first: what is cut at 80 columns is what matters least.
+        live_style = "bold green" if h.live == h.world and h.world else "bold red"
+        top.append(f"  {h.live}/{h.world} live", live_style)
+        total = f"/{h.total_updates:,}" if h.total_updates else ""
+        top.append("  step ")
+        top.append(f"{h.step:,}{total}", "bold")
+        top.append("  tokens ")
+        top.append(fmt.count(h.tokens), "bold")
+        run_id = h.run_id if len(h.run_id) <= 24 else h.run_id[:23] + "…"
+        top.append(f"  {run_id or '—'}", "bright_black")
+
+        low = Text()
+        low.append(fmt.count(h.tokens_per_s), "bold")
+        low.append(" tok/s  update ")
+        low.append(fmt.secs(h.update_s), "bold")
+        low.append("  loss ")
+        low.append("—" if h.loss is None else f"{h.loss:.4f}", "bold")
+        if h.val_loss is not None:
+            low.append("  val ")
+            low.append(f"{h.val_loss:.4f}", "bold magenta")
+        low.append("  ETA ")
+        low.append(fmt.duration(h.eta_s), "bold")
+        if h.straggler is not None:
+            low.append("  straggler ")
+            low.append(f"» rank {h.straggler}", "bold red")
+        if h.warning:
+            low.append(f"  ⚠ {h.warning}", "yellow")
+        out = Text("\n").join([top, low])
+        out.no_wrap, out.overflow = True, "ellipsis"  # two lines, always: cut, never wrap
+        return out

@@ -1,0 +1,530 @@
+"""Telemetry benchmarks: overhead on a simulated training loop, flat memory, 10k-input fuzz.
+
+python -m telemetry.bench                 # all three (about a minute)
+python -m telemetry.bench --only overhead --updates 400 --work-ms 30
+fleet bench telemetry --json              # once the lead wires it in
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import json
+import logging
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from telemetry import auth, protocol, synthetic, sysmem
+from telemetry.backoff import Backoff
+from telemetry.client import TelemetryClient
+from telemetry.control import CommandQueue
+from telemetry.errors import TelemetryError
+from telemetry.hub import ANY_PORT, Hub
+from telemetry.records import COMMANDS, Event, Update
+
+PARTS = ("overhead", "memory", "fuzz")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part")
+    parser.add_argument("--updates", type=int, default=200, help="overhead: updates per arm")
+    parser.add_argument("--work-ms", type=float, default=30.0, help="overhead: cost of an update")
+    parser.add_argument(
+        "--memory-updates", type=int, default=100_000, help="memory: updates pushed"
+    )
+    parser.add_argument("--fuzz", type=int, default=10_000, help="fuzz: malformed inputs sent")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the selected parts; 0 when every check held (overhead <= 1%, flat memory, no fault)."""
+    parts = args.only or list(PARTS)
+    results: dict[str, Any] = {}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        if "overhead" in parts:
+            results["overhead"] = {
+                mode: overhead(Path(tmp) / f"o-{mode}", args.updates, args.work_ms, mode)
+                for mode in ("gil-free", "gil-holding")
+            }
+            # MLX releases the GIL in mx.eval, so the GIL-free run is the one that models a
+            # training loop; the GIL-holding run is a worst case, reported but not judged.
+            ok &= results["overhead"]["gil-free"]["ok"]
+        if "memory" in parts:
+            results["memory"] = memory(Path(tmp) / "m", args.memory_updates)
+            ok &= results["memory"]["ok"]
+        if "fuzz" in parts:
+            results["fuzz"] = fuzz(Path(tmp) / "f", args.fuzz, args.seed)
+            ok &= results["fuzz"]["ok"]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        _print(results)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="telemetry.bench", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+# --- shared -----------------------------------------------------------------------------------
+
+
+def _subscribe(host: str, port: int, readers: int, stalled: int) -> None:
+    """Child process: `readers` clients draining on threads, `stalled` clients never reading.
+
+    Subscribers live in their own process, as consoles do, so their decoding does not
+    compete with the measured loop for this process's GIL.
+    """
+    conns: list[Any] = []
+
+    def drain(client: TelemetryClient) -> None:
+        with contextlib.suppress(TelemetryError):
+            for _ in client:
+                pass
+
+    for _ in range(readers):
+        client = TelemetryClient.connect(host, port)
+        conns.append(client)
+        threading.Thread(target=drain, args=(client,), daemon=True).start()
+    for _ in range(stalled):
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect((host, port))
+        conns.append(raw)  # hello and all: never read
+    print("ready", flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+
+
+class Subscribers:
+    """A child process holding subscribers of `hub` until closed."""
+
+    def __init__(self, hub: Hub, readers: int, stalled: int) -> None:
+        assert hub.address is not None
+        host, port = hub.address
+        code = (
+            "import sys; from telemetry.bench import _subscribe; "
+            "_subscribe(sys.argv[1], *map(int, sys.argv[2:5]))"
+        )
+        root = str(Path(__file__).resolve().parents[1])  # so the child imports this telemetry
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, host, str(port), str(readers), str(stalled)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.close()
+            raise TelemetryError("the subscriber process did not start")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+# --- overhead ---------------------------------------------------------------------------------
+
+
+def _work(mode: str, ms: float) -> Callable[[], None]:
+    """A fixed-cost stand-in for an update: hashing (releases the GIL, like MLX kernels do)
+    or a pure-Python loop (holds it: the worst case for telemetry's threads)."""
+    if mode == "gil-free":
+        buf = bytes(1 << 20)
+        t = time.perf_counter()
+        for _ in range(20):
+            hashlib.sha256(buf).digest()
+        per_mib = (time.perf_counter() - t) / 20
+        reps = max(1, round(ms / 1000 / per_mib))
+
+        def hashing() -> None:
+            for _ in range(reps):
+                hashlib.sha256(buf).digest()
+
+        return hashing
+
+    def spin(n: int) -> None:
+        x = 0
+        for i in range(n):
+            x += i * i
+
+    t = time.perf_counter()
+    spin(200_000)
+    n = max(1, round(200_000 * ms / 1000 / (time.perf_counter() - t)))
+    return lambda: spin(n)
+
+
+def overhead(run_dir: Path, updates: int, work_ms: float, mode: str) -> dict[str, Any]:
+    """Median update time with telemetry on (4 subscribers, one never reading) vs off.
+
+    Arms alternate in blocks of 10 (on, off, off, on, ...) so drift hits both alike; the first
+    update of each block is discarded, because the previous block's background work spills
+    into it.
+    """
+    work = _work(mode, work_ms)
+    hub = Hub(run_dir=run_dir, hello=synthetic.hello(), port=ANY_PORT).start()
+    subs = Subscribers(hub, readers=3, stalled=1)
+    step = 0
+    try:
+        for _ in range(20_000):  # saturate the stalled subscriber: it drops from here on
+            step += 1
+            hub.on_update(synthetic.update(step))
+        time.sleep(1.0)
+        cpu_before = _thread_cpu(hub)
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        block, order = 10, ["on", "off", "off", "on"]
+        i = 0
+        while min(len(v) for v in times.values()) < updates:
+            arm = order[i % 4]
+            i += 1
+            for j in range(block):
+                step += 1
+                t0 = time.perf_counter()
+                work()
+                if arm == "on":
+                    record = synthetic.update(step)
+                    for k, v in sysmem.sample().update_fields().items():
+                        setattr(record, k, v)
+                    hub.on_update(record)
+                else:
+                    record = synthetic.update(step)
+                dt = time.perf_counter() - t0
+                if j:
+                    times[arm].append(dt)
+        time.sleep(0.5)  # let the last records drain, so their cost is counted
+        telemetry_cpu = _thread_cpu(hub) - cpu_before
+        on_updates = (i + 1) // 2 * block
+        stats = hub.stats()
+    finally:
+        subs.close()
+        hub.close()
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    diff = on / off - 1.0
+    return {
+        "mode": mode,
+        "updates_per_arm": min(len(v) for v in times.values()),
+        "median_off_ms": off * 1000,
+        "median_on_ms": on * 1000,
+        "median_diff_pct": diff * 100,
+        "p90_off_ms": _pct(times["off"], 0.9) * 1000,
+        "p90_on_ms": _pct(times["on"], 0.9) * 1000,
+        "on_update_us": _call_cost(run_dir.with_name(run_dir.name + "-call")),
+        # CPU the server and log threads spent per update: what telemetry takes from a
+        # machine whose cores are all busy (a box smaller than the work, like a CI runner).
+        "thread_cpu_per_update_us": telemetry_cpu / on_updates * 1e6,
+        "thread_cpu_pct": telemetry_cpu / on_updates / off * 100,
+        "sysmem_us": _timeit(sysmem.sample, 2000),
+        "stalled_dropped": stats.get("dropped_for_subscribers", 0),
+        "ok": diff <= 0.01,
+    }
+
+
+def _thread_cpu(hub: Hub) -> float:
+    """CPU seconds used so far by the hub's server and log threads."""
+    ids = {
+        t.native_id
+        for t in (hub.server and hub.server._thread, hub.log and hub.log._thread)
+        if t is not None
+    }
+    try:
+        return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+    except (psutil.Error, AttributeError):  # some platforms do not list threads
+        return float("nan")
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _timeit(fn: Callable[[], Any], n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def _call_cost(run_dir: Path) -> float:
+    """Microseconds the training thread spends in on_update itself (median of 5 x 2,000)."""
+    hub = Hub(run_dir=run_dir, hello=synthetic.hello(), port=ANY_PORT).start()
+    records = [synthetic.update(i) for i in range(2000)]
+    costs = []
+    try:
+        for _ in range(5):
+            t = time.perf_counter()
+            for r in records:
+                hub.on_update(r)
+            costs.append((time.perf_counter() - t) / len(records) * 1e6)
+            time.sleep(0.2)
+    finally:
+        hub.close()
+    return statistics.median(costs)
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def memory(run_dir: Path, n: int) -> dict[str, Any]:
+    """RSS while `n` updates go to a hub with one stalled and one reading subscriber."""
+    hub = Hub(run_dir=run_dir, hello=synthetic.hello(), port=ANY_PORT).start()
+    subs = Subscribers(hub, readers=1, stalled=1)
+    samples = []
+    try:
+        warm = max(1, n // 10)
+        for step in range(1, n + 1):
+            hub.on_update(synthetic.update(step))
+            if step % 500 == 0:
+                hub.on_event(synthetic_event(step))
+                time.sleep(0.002)  # about the pace the server keeps; the rest is dropped
+            if step % warm == 0:
+                gc.collect()
+                samples.append(_rss())
+        stats = hub.stats()
+    finally:
+        subs.close()
+        hub.close()
+    # Samples start after the first tenth (buffers fill, allocator pools warm up); "flat"
+    # means the second half adds under 2% and the whole run under 10%.
+    first, mid, last = samples[0], samples[len(samples) // 2], samples[-1]
+    return {
+        "updates": n,
+        "rss_first_mib": first / 2**20,
+        "rss_mid_mib": mid / 2**20,
+        "rss_last_mib": last / 2**20,
+        "rss_max_mib": max(samples) / 2**20,
+        "growth_pct": (last - first) / first * 100,
+        "second_half_growth_pct": (last - mid) / first * 100,
+        "stalled_dropped": stats.get("dropped_for_subscribers", 0),
+        "queue_dropped": stats.get("dropped_in_queue", 0),
+        "log_dropped": stats.get("log_dropped", 0),
+        "ok": last - mid <= 0.02 * first and last - first <= 0.10 * first,
+    }
+
+
+def synthetic_event(step: int) -> Event:
+    return Event("sample", 0, step, data={"prompt": "once", "text": "upon a time " * 20})
+
+
+# --- fuzz -------------------------------------------------------------------------------------
+
+_HEADERS = [
+    b"\xdb\xff\xff\xff\xf0",
+    b"\xc6\xff\xff\xff\xf0",
+    b"\xdd\xff\xff\xff\xf0",
+    b"\xdf\xff\xff\xff\xf0",
+    b"\xda\xff\xff",
+    b"\xc9\xff\xff\xff\xf0\x01",
+]
+
+
+def _random_obj(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 4 else 7)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.randint(-(2**63), 2**64 - 1)
+    if kind == 3:
+        return rng.uniform(-1e308, 1e308)
+    if kind == 4:
+        return "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(rng.randrange(20)))
+    if kind == 5:
+        return rng.randbytes(rng.randrange(20))
+    if kind == 6:
+        return rng.choice(["type", "command", "update", "hello", "split", "mac", "nonce"])
+    if kind == 7:
+        return [_random_obj(rng, depth + 1) for _ in range(rng.randrange(5))]
+    return {str(_random_obj(rng, 3)): _random_obj(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+def malformed(rng: random.Random, key: bytes, valid: list[bytes]) -> tuple[str, bytes]:
+    """One malformed (or wrongly signed) input and its category."""
+    kind = rng.choice(
+        ["random", "truncated", "oversize", "nested", "object", "command", "flipped", "badmac"]
+    )
+    if kind == "random":
+        data = rng.randbytes(rng.randrange(4096))
+    elif kind == "truncated":
+        m = rng.choice(valid)
+        data = m[: rng.randrange(len(m))]
+    elif kind == "oversize":
+        pad = rng.choice([0, 100, 70_000, 70_000, 1_200_000]) if rng.random() < 0.2 else 64
+        data = rng.choice(_HEADERS) + b"\x00" * pad
+    elif kind == "nested":
+        data = rng.choice([b"\x91", b"\x81\xa1k"]) * rng.randrange(1, 20_000) + b"\xc0"
+    elif kind == "object":
+        data = protocol.pack(_random_obj(rng))
+    elif kind == "command":
+        msg = {"type": "command"}
+        for name in ("id", "cmd", "args", "nonce", "mac"):
+            if rng.random() < 0.9:
+                msg[name] = _random_obj(rng) if rng.random() < 0.5 else rng.choice(sorted(COMMANDS))
+        data = protocol.pack(msg)
+    elif kind == "flipped":
+        m = bytearray(rng.choice(valid))
+        for _ in range(rng.randrange(1, 4)):
+            m[rng.randrange(len(m))] ^= 1 << rng.randrange(8)
+        data = bytes(m)
+    else:  # well-formed, signed with the right key for another connection: refused, kept open
+        nonce = auth.new_nonce()
+        cmd = rng.choice(sorted(COMMANDS))
+        mac = auth.sign(key, 1, cmd, {}, nonce, "not-this-connection")
+        data = protocol.pack(
+            {"type": "command", "id": 1, "cmd": cmd, "args": {}, "nonce": nonce, "mac": mac}
+        )
+    return kind, data
+
+
+def fuzz(run_dir: Path, n: int, seed: int = 0) -> dict[str, Any]:
+    """Send `n` malformed inputs, each on its own connection, to a live rank-0 hub."""
+    rng = random.Random(seed)
+    key = auth.create_key(run_dir)
+    queue = CommandQueue()
+    errors: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("telemetry").addHandler(handler)
+    hub = Hub(run_dir=run_dir, hello=synthetic.hello(), port=ANY_PORT, commands=queue, key=key)
+    hub.start()
+    valid = [
+        protocol.encode(synthetic.update(1)),
+        protocol.encode(synthetic.hello()),
+        protocol.pack({"type": "command", "id": 1, "cmd": "pause", "args": {}, "nonce": "0" * 32}),
+    ]
+    kinds: dict[str, int] = {}
+    sent_bytes, checks, max_call_us, step = 0, 0, 0.0, 0
+    t_start = time.perf_counter()
+    try:
+        for i in range(1, n + 1):
+            kind, data = malformed(rng, key, valid)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            sent_bytes += len(data)
+            with socket.create_connection(hub.address, timeout=5) as bad:
+                _feed(bad, data)
+            step += 1
+            t = time.perf_counter()
+            hub.on_update(synthetic.update(step))
+            max_call_us = max(max_call_us, (time.perf_counter() - t) * 1e6)
+            if i % 200 == 0 or i == n:
+                step += 1
+                _serves(hub, step)
+                checks += 1
+        stats = hub.stats()
+        reached_queue = queue.poll() is not None
+        alive = hub.server is not None and hub.server._thread is not None
+        alive = alive and hub.server._thread.is_alive()
+    finally:
+        hub.close()
+        logging.getLogger("telemetry").removeHandler(handler)
+    return {
+        "inputs": n,
+        "by_kind": kinds,
+        "bytes_sent": sent_bytes,
+        "seconds": time.perf_counter() - t_start,
+        "closed_on_error": stats.get("closed_on_error", 0),
+        "serving_checks_passed": checks,
+        "max_on_update_us": max_call_us,
+        "commands_reached_run": reached_queue,
+        "server_errors_logged": len(errors),
+        "ok": alive and not reached_queue and not errors,
+    }
+
+
+def _feed(sock: socket.socket, data: bytes) -> None:
+    """Send `data`, then read until the server closes: so it has seen every byte (closing
+    with unread data would reset the connection, and the server could lose the input)."""
+    with contextlib.suppress(OSError):
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+
+
+def _serves(hub: Hub, step: int) -> None:
+    """A fresh client gets hello and the next update (retrying while slots free up)."""
+    backoff = Backoff(initial=0.05, max=0.5)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with TelemetryClient.connect(*hub.address, timeout=5) as good:
+                hub.on_update(synthetic.update(step))
+                while time.monotonic() < deadline:
+                    msg = good.recv(0.5)
+                    if isinstance(msg, Update) and msg.step == step:
+                        return
+        except TelemetryError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("the server stopped serving well-behaved clients")
+        time.sleep(backoff.next())
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _print(results: dict[str, Any]) -> None:
+    for mode, r in results.get("overhead", {}).items():
+        print(
+            f"overhead ({mode} work): median update {r['median_off_ms']:.2f} ms off, "
+            f"{r['median_on_ms']:.2f} ms on ({r['median_diff_pct']:+.2f}%, "
+            f"{r['updates_per_arm']} updates per arm); telemetry threads "
+            f"{r['thread_cpu_per_update_us']:.0f} us CPU per update "
+            f"({r['thread_cpu_pct']:.2f}%); on_update {r['on_update_us']:.1f} us, "
+            f"sysmem.sample {r['sysmem_us']:.1f} us; stalled subscriber dropped "
+            f"{r['stalled_dropped']} -> "
+            + ("ok" if r["ok"] else "OVER 1%" if mode == "gil-free" else "over 1% (worst case)")
+        )
+    if m := results.get("memory"):
+        print(
+            f"memory: {m['updates']} updates, RSS {m['rss_first_mib']:.1f} -> "
+            f"{m['rss_mid_mib']:.1f} -> {m['rss_last_mib']:.1f} MiB (max {m['rss_max_mib']:.1f}, "
+            f"{m['growth_pct']:+.1f}%, second half {m['second_half_growth_pct']:+.1f}%); "
+            f"stalled subscriber dropped {m['stalled_dropped']} -> "
+            f"{'flat' if m['ok'] else 'GROWING'}"
+        )
+    if f := results.get("fuzz"):
+        print(
+            f"fuzz: {f['inputs']} malformed inputs ({f['bytes_sent'] / 2**20:.1f} MiB) in "
+            f"{f['seconds']:.1f} s; {f['closed_on_error']} connections closed on error; "
+            f"{f['serving_checks_passed']} serving checks passed; max on_update "
+            f"{f['max_on_update_us']:.0f} us; commands reaching the run: "
+            f"{f['commands_reached_run']}; server errors: {f['server_errors_logged']} -> "
+            f"{'ok' if f['ok'] else 'FAILED'}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

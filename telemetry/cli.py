@@ -1,0 +1,222 @@
+"""`fleet telemetry tail|send` and `fleet report`: a rank's feed, its control, a run's summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from telemetry import auth
+from telemetry.client import TelemetryClient
+from telemetry.errors import AuthError, ConnectionLost, TelemetryError
+from telemetry.protocol import DEFAULT_PORT_BASE
+from telemetry.records import COMMANDS, Dropped, Event, Hello, Message, Reply, Update
+
+
+def configure(name: str, parser: argparse.ArgumentParser) -> None:
+    """Add the options of `fleet telemetry` or `fleet report` to `parser`."""
+    if name == "report":
+        parser.add_argument("run_dir", metavar="RUN", help="the run folder")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        return
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{tail,send}")
+    tail = sub.add_parser("tail", help="print a rank's messages as they come")
+    tail.add_argument(
+        "target",
+        metavar="HOST:PORT",
+        help="the rank's address (HOST:PORT, or PORT for 127.0.0.1, or a rank-N.sock path)",
+    )
+    tail.add_argument(
+        "--count", type=int, default=0, help="stop after N update records (0 = never)"
+    )
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument("--timeout", type=float, default=5.0, help="connect timeout, seconds")
+
+    send = sub.add_parser("send", help="send a signed command to rank 0 and print its reply")
+    send.add_argument("--run-dir", required=True, metavar="RUN", help="run folder (control.key)")
+    send.add_argument(
+        "--port-base", type=int, default=DEFAULT_PORT_BASE, help="the run's port base (rank 0's)"
+    )
+    send.add_argument("--host", default="127.0.0.1", help="where rank 0 serves")
+    send.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for the command to apply"
+    )
+    send.add_argument(
+        "cmd", choices=sorted(COMMANDS), metavar="CMD", help=", ".join(sorted(COMMANDS))
+    )
+    send.add_argument(
+        "args",
+        nargs="?",
+        metavar="ARGS",
+        help="rebalance: the new split, e.g. 2,2,2; any command: a JSON object",
+    )
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    """Run `fleet telemetry ...` or `fleet report`; returns the exit status."""
+    if name == "report":
+        return _report(args)
+    if args.action == "tail":
+        return _tail(args)
+    return _send(args)
+
+
+def _err(message: str) -> None:
+    print(f"fleet: {message}", file=sys.stderr)
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace) -> int:
+    from telemetry.report import render, summarize
+
+    try:
+        summary = summarize(args.run_dir)
+    except TelemetryError as e:
+        _err(str(e))
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        render(summary)
+    return 0
+
+
+# --- tail -------------------------------------------------------------------------------------
+
+
+def _connect(target: str, timeout: float, key: bytes | None = None) -> TelemetryClient:
+    if "/" in target or target.endswith(".sock"):
+        return TelemetryClient.connect_unix(target, key=key, timeout=timeout)
+    host, _, port = target.rpartition(":")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise TelemetryError(
+            f"bad address {target!r}: expected HOST:PORT, PORT or a .sock path"
+        ) from None
+    return TelemetryClient.connect(
+        host.strip("[]") or "127.0.0.1", port_n, key=key, timeout=timeout
+    )
+
+
+def _tail(args: argparse.Namespace) -> int:
+    try:
+        client = _connect(args.target, args.timeout)
+    except TelemetryError as e:
+        _err(str(e))
+        return 1
+    updates = 0
+    try:
+        _emit(client.hello, args.json)
+        while args.count <= 0 or updates < args.count:
+            msg = client.recv()
+            if msg is None:
+                continue
+            _emit(msg, args.json)
+            updates += isinstance(msg, Update)
+    except ConnectionLost as e:
+        _err(str(e))
+        return 0 if args.count <= 0 else 1
+    except TelemetryError as e:
+        _err(str(e))
+        return 1
+    except BrokenPipeError:  # `| head`: the reader left, which is fine
+        sys.stderr.close()
+        return 0
+    finally:
+        client.close()
+    return 0
+
+
+def _emit(msg: Message, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(msg.to_msg(), default=str), flush=True)
+    else:
+        print(describe(msg), flush=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def describe(msg: Message) -> str:
+    """One human line for a message."""
+    if isinstance(msg, Hello):
+        return (
+            f"hello: rank {msg.rank}/{msg.world_size} of run {msg.run_id} on {msg.host} "
+            f"({msg.chip}, {_size(msg.memory_total)}), local batch {msg.local_batch}; "
+            f"history: {msg.backlog} updates, {msg.event_backlog} events"
+        )
+    if isinstance(msg, Update):
+        ms = lambda s: f"{s * 1000:.0f}ms"  # noqa: E731
+        return (
+            f"step {msg.step} r{msg.rank} loss {msg.loss:.4f} lr {msg.lr:.2e} | "
+            f"compute {ms(msg.compute_s)} wait {ms(msg.wait_s)} xfer {ms(msg.transfer_s)} "
+            f"update {ms(msg.update_s)} | {msg.tokens_per_s / 1000:.1f}k tok/s | "
+            f"peak {_size(msg.peak_mem)}" + (" (simulated)" if msg.simulated else "")
+        )
+    if isinstance(msg, Event):
+        data = f" {json.dumps(msg.data, default=str)}" if msg.data else ""
+        text = f": {msg.message}" if msg.message else ""
+        return f"event step {msg.step} r{msg.rank} {msg.kind}{text}{data}"
+    if isinstance(msg, Dropped):
+        return f"dropped {msg.count} records (total {msg.total}): reading slower than the run"
+    if isinstance(msg, Reply):
+        if msg.ok:
+            return f"reply {msg.id}: applied {json.dumps(msg.result, default=str)}"
+        return f"reply {msg.id}: refused: {msg.error}"
+    return repr(msg)
+
+
+# --- send -------------------------------------------------------------------------------------
+
+
+def parse_args(cmd: str, text: str | None) -> dict[str, Any]:
+    """The args map of a command from its command-line form; ValueError says what is wrong."""
+    if not text:
+        return {}
+    if text.lstrip().startswith("{"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("ARGS must be a JSON object")
+        return value
+    if cmd == "rebalance":
+        try:
+            return {"split": [int(part) for part in text.split(",")]}
+        except ValueError:
+            raise ValueError(
+                f"bad split {text!r}: expected comma-separated ints, e.g. 2,2,2"
+            ) from None
+    raise ValueError(f"{cmd} takes no arguments (got {text!r})")
+
+
+def _send(args: argparse.Namespace) -> int:
+    try:
+        cmd_args = parse_args(args.cmd, args.args)
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    try:
+        key = auth.read_key(args.run_dir)
+    except AuthError as e:
+        _err(str(e))
+        return 2
+    try:
+        with TelemetryClient.connect(args.host, args.port_base, key=key, timeout=10.0) as client:
+            if client.hello.rank != 0:
+                _err(f"{args.host}:{args.port_base} is rank {client.hello.rank}, not rank 0")
+                return 2
+            reply = client.command(args.cmd, cmd_args, timeout=args.timeout)
+    except TelemetryError as e:
+        _err(str(e))
+        return 2
+    print(
+        json.dumps({"id": reply.id, "ok": reply.ok, "result": reply.result, "error": reply.error})
+    )
+    if not reply.ok:
+        _err(f"{args.cmd} refused: {reply.error}")
+        return 1
+    return 0

@@ -1,0 +1,150 @@
+"""Deterministic fake telemetry for console tests: records, and a feed the test drives by hand."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from console.hostfile import RankTarget
+from console.links import LinkState, LinkStatus
+from telemetry.records import Event, Hello, Message, Reply, Update
+
+GiB = 2**30
+T0 = 1_700_000_000.0  # a fixed wall time, so clocks shown are the same on every run
+HOSTS = ["studio", "mini-1", "mini-2", "air"]
+
+
+def hello(rank: int, world: int = 4, *, batch: int = 2, run_id: str = "demo-run") -> Hello:
+    return Hello(
+        protocol=1,
+        run_id=run_id,
+        rank=rank,
+        world_size=world,
+        host=HOSTS[rank % len(HOSTS)],
+        platform="macOS-15",
+        chip="Apple M2",
+        memory_total=16 * GiB,
+        local_batch=batch,
+        config_digest="abc",
+        challenge="0" * 32,
+    )
+
+
+def update(
+    rank: int,
+    step: int,
+    *,
+    batch: int = 2,
+    per_sample: float = 0.05,
+    slowest: float = 0.3,
+    world: int = 4,
+    loss: float | None = None,
+    seq_len: int = 128,
+    swap: int = 0,
+) -> Update:
+    """Rank `rank`'s update `step`: compute proportional to its batch, waiting for the slowest."""
+    compute = per_sample * batch
+    wait = max(0.0, slowest - compute)
+    update_s = compute + wait + 0.02
+    return Update(
+        rank=rank,
+        step=step,
+        tokens=step * 8 * seq_len,
+        update_tokens=8 * seq_len,
+        local_tokens=batch * seq_len,
+        loss=4.0 - 0.01 * step if loss is None else loss,
+        lr=1e-3,
+        grad_norm=1.0,
+        local_batch=batch,
+        microsteps=1,
+        compute_s=compute,
+        wait_s=wait,
+        transfer_s=0.015,
+        optimizer_s=0.005,
+        update_s=update_s,
+        active_mem=(1 + batch) * GiB // 2,
+        peak_mem=(2 + batch) * GiB // 2,
+        cache_mem=GiB // 2,
+        sys_mem_used=8 * GiB,
+        sys_mem_available=8 * GiB,
+        swap_used=swap,
+        tokens_per_s=batch * seq_len / update_s,
+        time=T0 + step * update_s,
+    )
+
+
+def straggler_fleet(
+    steps: int = 20, split=(2, 2, 2, 2), slow=(1, 1, 1, 3)
+) -> list[tuple[int, Message]]:
+    """Hellos then `steps` updates of 4 ranks, rank 3 slowed: (rank, message) in arrival order."""
+    out: list[tuple[int, Message]] = [(r, hello(r, batch=split[r])) for r in range(len(split))]
+    per = [0.05 * s for s in slow]
+    slowest = max(p * b for p, b in zip(per, split, strict=True))
+    for step in range(1, steps + 1):
+        for r in range(len(split)):
+            out.append((r, update(r, step, batch=split[r], per_sample=per[r], slowest=slowest)))
+    out.append(
+        (
+            0,
+            Event(
+                "started",
+                0,
+                0,
+                data={"world_size": 4, "split": list(split), "updates": 1000},
+                time=T0,
+            ),
+        )
+    )
+    return out
+
+
+class FakeFeed:
+    """A feed the test pushes messages into; commands are recorded and answered on request."""
+
+    replay = False
+
+    def __init__(self, n: int = 4, *, control_problem: str = "", auto_reply: bool = True) -> None:
+        self.targets = [RankTarget(r, HOSTS[r % len(HOSTS)], 47800 + r) for r in range(n)]
+        self._control_problem = control_problem
+        self.auto_reply = auto_reply
+        self.sink: Any = None
+        self.sent: list[tuple[str, dict]] = []
+        self.sent_event = threading.Event()
+        self.closed = False
+        self._ids = 0
+        self.step = 20
+
+    @property
+    def control_problem(self) -> str:
+        return self._control_problem
+
+    def attach(self, sink: Any) -> None:
+        self.sink = sink
+
+    def live(self) -> None:
+        for t in self.targets:
+            self.sink.link_state(LinkStatus(t.rank, LinkState.LIVE, "fake", time=T0))
+
+    def push(self, items: list[tuple[int, Message]]) -> None:
+        for rank, msg in items:
+            self.sink.link_message(rank, msg)
+
+    def state(
+        self, rank: int, state: LinkState, detail: str = "", kind: str = "", retry_at=None
+    ) -> None:
+        self.sink.link_state(LinkStatus(rank, state, detail, kind, retry_at, T0))
+
+    def send(self, cmd: str, args: dict | None = None) -> int:
+        self._ids += 1
+        self.sent.append((cmd, dict(args or {})))
+        self.sent_event.set()
+        if self.auto_reply:
+            if cmd == "rebalance" and len(args["split"]) != len(self.targets):
+                reply = Reply(self._ids, False, error="split has the wrong length")
+            else:
+                reply = Reply(self._ids, True, result={"step": self.step + 1})
+            self.sink.link_message(0, reply)
+        return self._ids
+
+    def close(self) -> None:
+        self.closed = True

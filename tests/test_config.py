@@ -1,0 +1,63 @@
+"""Configuration: flags, TOML files and their errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from trainer.config import ConfigError, TrainConfig, add_arguments, load_file, resolve
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_flags_override_the_file_which_overrides_defaults(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('data = "d"\ndepth = 3\nlocal-batches = [3, 2, 1]\nlr = 1\n')
+    cfg = resolve(parse("--config", str(f), "--depth", "5"))
+    assert (cfg.data, cfg.depth, cfg.local_batches, cfg.lr) == ("d", 5, "3,2,1", 1.0)
+    assert cfg.accum == TrainConfig.accum  # untouched default
+    assert cfg.split(3) == [3, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("depth = ", "not valid TOML"),
+        ("depht = 3", "unknown key 'depht'"),
+        ('depth = "three"', "depth must be int"),
+        ('precision = "fp8"', "precision must be one of"),
+        ("synthetic = 1", "synthetic must be true or false"),
+    ],
+)
+def test_malformed_config_files_name_the_problem(tmp_path, text, message):
+    f = tmp_path / "run.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_file(f)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_file(tmp_path / "nope.toml")
+
+
+def test_per_rank_values_must_match_the_world():
+    cfg = TrainConfig(synthetic=True, local_batches="3,2", cache_limit_gb="16,4,4")
+    with pytest.raises(ConfigError, match="has 2 values"):
+        cfg.split(3)
+    with pytest.raises(ConfigError, match="one value, or one per rank"):
+        cfg.per_rank("cache_limit_gb", 2, 0)
+    assert cfg.per_rank("cache_limit_gb", 3, 1) == 4.0
+    assert TrainConfig(cache_limit_gb="8").per_rank("cache_limit_gb", 5, 4) == 8.0
+    with pytest.raises(ConfigError, match="at least 1"):
+        TrainConfig(local_batches="2,0").split(2)
+
+
+def test_a_run_needs_data_or_synthetic():
+    with pytest.raises(ConfigError, match="--data"):
+        TrainConfig().validate()

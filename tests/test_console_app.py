@@ -1,0 +1,312 @@
+"""The console app against a fake feed: panes update, keys send the right commands, only after
+confirmation, outcomes and refusals reach the log, and read-only blocks every change."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import pytest
+from textual.widgets import Input
+
+from console.app import FleetApp
+from console.links import LinkState
+from console.screens import (
+    ConfirmScreen,
+    HelpScreen,
+    QuitScreen,
+    RankDetailScreen,
+    RebalanceScreen,
+)
+from console.widgets import EventLog, RankTable, RunHeader
+from telemetry.records import Event
+from tests.console_fakes import T0, FakeFeed, straggler_fleet
+
+SIZE = (100, 30)
+
+
+def aio(fn):
+    """Run an async test on a fresh event loop (no pytest plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+async def until(pilot, pred, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.02)
+
+
+def log_text(app: FleetApp) -> str:
+    return "\n".join(line.text for line in app.state.log_lines)
+
+
+async def started(pilot, feed: FakeFeed, **kw) -> None:
+    feed.live()
+    feed.push(straggler_fleet(**kw))
+    await until(pilot, lambda: pilot.app.state.step() == 20)
+    await pilot.pause(0.2)
+
+
+@pytest.fixture
+def feed():
+    return FakeFeed()
+
+
+@aio
+async def test_panes_show_the_fleet(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        header = app.query_one(RunHeader)
+        assert header.info.step == 20 and header.info.live == 4
+        assert header.info.straggler == 3
+        table = app.query_one(RankTable)
+        assert table.state is app.state and table.virtual_size.height == 5
+        assert "rank 3" in header.render().plain
+        assert app.query_one(EventLog).last_seq >= 1
+        # More data moves the figures without any key press.
+        feed.push([(r, m) for r, m in straggler_fleet(steps=25) if getattr(m, "step", 0) > 20])
+        await until(pilot, lambda: app.query_one(RunHeader).info.step == 25)
+
+
+@pytest.mark.parametrize(
+    "key, cmd",
+    [("c", "checkpoint"), ("p", "pause"), ("s", "stop")],
+)
+@aio
+async def test_keys_confirm_then_send(feed, key, cmd):
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press(key)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert feed.sent == []  # nothing leaves before the answer
+        await pilot.press("y")
+        await until(pilot, lambda: feed.sent == [(cmd, {})])
+        await until(pilot, lambda: f"{cmd}: applied at update 21" in log_text(app))
+
+
+@aio
+async def test_no_and_escape_send_nothing(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("s")
+        await pilot.press("enter")  # focus starts on No: Enter is the safe answer
+        await pilot.press("c", "escape", "p", "n")
+        await pilot.pause(0.2)
+        assert feed.sent == []
+        assert log_text(app).count("cancelled") == 3
+
+
+@aio
+async def test_pause_key_resumes_a_paused_run(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        feed.push([(0, Event("paused", 0, 20, time=T0 + 50))])
+        await until(pilot, lambda: app.state.paused)
+        await pilot.press("p", "y")
+        await until(pilot, lambda: feed.sent == [("resume", {})])
+
+
+@aio
+async def test_refusal_reaches_the_log(feed):
+    from telemetry.records import Reply
+
+    feed.auto_reply = False
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("c", "y")
+        await until(pilot, lambda: feed.sent)
+        await until(pilot, lambda: "checkpoint: sent" in log_text(app))
+        feed.push([(0, Reply(1, False, error="a checkpoint is already being written"))])
+        await until(pilot, lambda: "checkpoint: refused: a checkpoint is already" in log_text(app))
+
+
+@aio
+async def test_send_failure_is_logged_not_raised(feed):
+    def broken(cmd, args=None):
+        raise ConnectionError("rank 0 link is lost")
+
+    feed.send = broken
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("c", "y")
+        await until(pilot, lambda: "checkpoint: not sent: rank 0 link is lost" in log_text(app))
+        assert app.is_running
+
+
+@pytest.mark.parametrize("how", ["read_only", "no_key"])
+@aio
+async def test_read_only_blocks_every_change(how):
+    feed = FakeFeed(control_problem="no --run-dir given" if how == "no_key" else "")
+    app = FleetApp(feed, read_only=how == "read_only")
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        assert "READ-ONLY" in app.query_one(RunHeader).badges
+        for key in "cprs":
+            await pilot.press(key)
+            assert not isinstance(app.screen, ConfirmScreen | RebalanceScreen)
+            await pilot.press("y")
+        await pilot.pause(0.2)
+        assert feed.sent == []
+        assert log_text(app).count("not sent") == 4
+
+
+@aio
+async def test_rebalance_dialog_proposes_and_sends(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await started(pilot, feed, split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+        await pilot.press("r")
+        assert isinstance(app.screen, RebalanceScreen)
+        dialog = app.screen
+        proposal = dialog.proposal
+        assert proposal is not None and proposal.split[3] < 2
+        field = dialog.query_one(Input)
+        assert field.value == ",".join(map(str, proposal.split))
+        await pilot.press("enter")
+        await until(pilot, lambda: feed.sent == [("rebalance", {"split": proposal.split})])
+        await until(pilot, lambda: "rebalance to" in log_text(app) and "applied" in log_text(app))
+
+
+@aio
+async def test_rebalance_refuses_an_impossible_split_before_sending(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await started(pilot, feed, split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+        await pilot.press("r")
+        dialog = app.screen
+        field = dialog.query_one(Input)
+        for bad, why in [
+            ("3,3,3,3", "sums to 12"),
+            ("4,4,0", "3 entries"),
+            ("2,2,2,2", "current split"),
+            ("a,b", "whole numbers"),
+            ("7,0,0,1", "at least 1"),
+            ("2,2,3,1", ""),
+        ]:
+            field.value = bad
+            await pilot.pause(0.05)
+            problems = str(dialog.query_one("#problems").render())
+            assert why in problems, (bad, problems)
+            assert dialog.query_one("#apply").disabled is bool(why)
+        field.value = "9,9,9,9"
+        await pilot.pause(0.05)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RebalanceScreen)  # still open: nothing sent
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert feed.sent == [] and "rebalance: cancelled" in log_text(app)
+
+
+@aio
+async def test_rebalance_memory_cap_is_enforced(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await started(pilot, feed, split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+        await pilot.press("r")
+        dialog = app.screen
+        caps = dialog.proposal.caps
+        assert all(c is not None for c in caps)
+        over = [caps[0] + 1, 1, 1, 8 - caps[0] - 3]
+        if min(over) >= 1:
+            dialog.query_one(Input).value = ",".join(map(str, over))
+            await pilot.pause(0.05)
+            assert "rank 0:" in str(dialog.query_one("#problems").render())
+
+
+@aio
+async def test_enter_opens_rank_detail_and_help(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("down", "down", "down", "enter")
+        assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 3
+        await pilot.pause(0.2)
+        text = str(app.screen.query_one("#detail").render())
+        assert "rank 3" in text and "compute" in text and "peak mem" in text
+        await pilot.press("up")
+        assert app.screen.rank == 2
+        await pilot.press("escape", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@aio
+async def test_lost_and_refused_ranks_show_why(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        feed.state(2, LinkState.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
+        feed.state(1, LinkState.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
+        await until(pilot, lambda: app.state.live_count() == 2)
+        await pilot.pause(0.2)
+        assert app.query_one(RunHeader).info.live == 2
+        text = log_text(app)
+        assert "rank 2 link lost: connection reset by peer" in text
+        assert "rank 1 refused: mini-1: HOST KEY CHANGED" in text
+
+
+@aio
+async def test_quit_leaves_the_run_alone(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("q")
+        await pilot.pause(0.1)
+    assert feed.sent == [] and feed.closed
+
+
+@aio
+async def test_demo_quit_asks_and_can_stop_the_run(feed):
+    app = FleetApp(feed, demo=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")
+        assert app.is_running and feed.sent == []
+        await pilot.press("q", "s")
+        await until(pilot, lambda: feed.sent == [("stop", {})])
+        await until(pilot, lambda: not app.is_running)
+    assert app.quit_choice == "stop"
+
+
+@aio
+async def test_replay_app_steps_and_blocks_commands(tmp_path):
+    from console.replay import ReplayFeed
+    from telemetry.synthetic import write_run
+
+    write_run(tmp_path, world_size=3, steps=20)
+    feed = ReplayFeed(tmp_path, speed=1.0)
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space")  # pause the playback
+        await pilot.pause(0.1)
+        step = app.state.step()
+        await pilot.press("n")
+        await until(pilot, lambda: app.state.step() == step + 1)
+        await pilot.press("plus")
+        assert feed.speed == 2.0
+        await pilot.press("c", "p", "s")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert "REPLAY" in app.query_one(RunHeader).badges[0]
+
+
+def test_feed_ready_coalesces():
+    from console.messages import FeedReady
+
+    assert FeedReady().can_replace(FeedReady())

@@ -1,0 +1,204 @@
+"""End to end over a real sshd: --once and the app's link layer reach fake ranks (real telemetry
+hubs) through direct-tcpip channels, send signed pause and checkpoint commands, and refuse
+unknown and changed host keys. Uses its own HOME, ssh config and known_hosts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.console_sshd import SSHD, FakeRanks, fingerprint, free_port_base, keygen, sshd_missing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(sshd_missing()) and not os.environ.get("CI"), reason=sshd_missing()),
+]
+
+HOSTS = ["rankhost", "jumped", "rankhost"]  # rank 1 comes through a ProxyJump
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = SSHD(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    fake = FakeRanks(run, len(HOSTS), free_port_base(len(HOSTS)))
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A HOME with nothing in it, and no agent: only the test's own files count."""
+    h = tmp_path / "home"
+    h.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+    env["HOME"] = str(h)
+    return env
+
+
+def hostfile(tmp_path, hosts=HOSTS) -> Path:
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    return path
+
+
+def once(env, hosts_json, sshd, ranks, known_hosts, *extra, timeout=10):
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet.cli",
+        "console",
+        "--hostfile",
+        str(hosts_json),
+        "--port-base",
+        str(ranks.port_base),
+        "--run-dir",
+        str(ranks.run_dir),
+        "--ssh-config",
+        str(sshd.ssh_config),
+        "--known-hosts",
+        str(known_hosts),
+        "--once",
+        "--json",
+        "--timeout",
+        str(timeout),
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_once_reaches_every_rank_over_ssh(tmp_path, sshd, ranks, home):
+    out = once(home, hostfile(tmp_path), sshd, ranks, sshd.known_hosts)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads(out.stdout)
+    assert snap["run_id"] == "fake-run" and snap["world"] == 3 and snap["live"] == 3
+    for r, rank in enumerate(snap["ranks"]):
+        assert rank["rank"] == r and rank["host"] == f"fake-{r}"
+        assert rank["update"] is not None and rank["update"]["step"] >= 1
+    assert snap["unreachable"] == []
+    assert not (Path(home["HOME"]) / ".ssh").exists()  # nothing written to the (fake) home
+
+
+def test_app_link_layer_pauses_and_checkpoints_over_ssh(tmp_path, sshd, ranks, monkeypatch):
+    from console.app import FleetApp
+    from console.cli import build_feed
+
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = argparse.Namespace(
+        local=False,
+        hostfile=str(hostfile(tmp_path)),
+        port_base=ranks.port_base,
+        run_dir=str(ranks.run_dir),
+        read_only=False,
+        accept_new_host_keys=False,
+        ssh_config=str(sshd.ssh_config),
+        known_hosts=str(sshd.known_hosts),
+        ssh_user=None,
+    )
+    feed = build_feed(args)
+
+    def log(app):
+        return "\n".join(ln.text for ln in app.state.log_lines)
+
+    async def until(pilot, pred, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, "timed out"
+            await pilot.pause(0.05)
+
+    async def scenario():
+        app = FleetApp(feed)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.state.live_count() == 3 and app.state.step() > 0)
+            # One SSH connection per host, shared by its ranks (rankhost carries ranks 0 and 2).
+            assert feed.connector.pool.hosts() == ["jumped", "rankhost"]
+            await pilot.press("p", "y")
+            await until(pilot, lambda: "pause: applied at update" in log(app) and app.state.paused)
+            await pilot.press("c", "y")
+            await until(pilot, lambda: "checkpoint: applied at update" in log(app))
+            await until(pilot, lambda: "checkpoint ckpt-" in log(app))
+            await pilot.press("p", "y")
+            await until(pilot, lambda: "resume: applied" in log(app) and not app.state.paused)
+            step = app.state.step()
+            await until(pilot, lambda: app.state.step() > step)  # training goes on
+            await pilot.press("q")
+
+    asyncio.run(scenario())
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(tmp_path, sshd, ranks, home):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    out = once(home, hostfile(tmp_path, ["rankhost"]), sshd, ranks, empty)
+    assert out.returncode == 1
+    assert "cannot reach rank 0 (rankhost)" in out.stderr
+    assert "not in" in out.stderr and fingerprint(sshd.root / "host_key.pub") in out.stderr
+    assert "--accept-new-host-keys" in out.stderr
+    assert empty.read_text() == ""
+
+
+def test_accept_new_adds_the_key_like_openssh(tmp_path, sshd, ranks, home):
+    kh = tmp_path / "known_hosts"
+    out = once(home, hostfile(tmp_path, ["rankhost"]), sshd, ranks, kh, "--accept-new-host-keys")
+    assert out.returncode == 0, out.stderr
+    line = kh.read_text().strip()
+    assert line.startswith(sshd.host_entry) and sshd.host_pub.split()[1] in line
+    # Next time the key is known: no flag needed.
+    assert once(home, hostfile(tmp_path, ["rankhost"]), sshd, ranks, kh).returncode == 0
+
+
+def test_changed_host_key_is_always_refused(tmp_path, sshd, ranks, home):
+    other = keygen(tmp_path / "other_host_key")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"{sshd.host_entry} {other.split()[0]} {other.split()[1]}\n")
+    before = kh.read_text()
+    out = once(home, hostfile(tmp_path, ["rankhost"]), sshd, ranks, kh, "--accept-new-host-keys")
+    assert out.returncode == 1
+    assert "HOST KEY CHANGED" in out.stderr
+    assert fingerprint(sshd.root / "host_key.pub") in out.stderr
+    assert fingerprint(tmp_path / "other_host_key.pub") in out.stderr
+    assert "ssh-keygen -R" in out.stderr
+    assert kh.read_text() == before
+
+
+def test_auth_failure_is_refused(tmp_path, sshd, ranks, home):
+    import shutil
+
+    stranger = tmp_path / "stranger_key"
+    keygen(stranger)
+    config = tmp_path / "ssh_config"
+    shutil.copy(sshd.ssh_config, config)
+    config.write_text(config.read_text().replace(str(sshd.client_key), str(stranger)))
+    cmd_sshd = argparse.Namespace(ssh_config=config)
+    out = once(home, hostfile(tmp_path, ["rankhost"]), cmd_sshd, ranks, sshd.known_hosts)
+    assert out.returncode == 1
+    assert "authentication failed" in out.stderr
+
+
+def test_nothing_listening_names_the_rank(tmp_path, sshd, ranks, home):
+    # A fourth rank in the hostfile that no process serves.
+    out = once(
+        home, hostfile(tmp_path, [*HOSTS, "rankhost"]), sshd, ranks, sshd.known_hosts, timeout=3
+    )
+    assert out.returncode == 1
+    assert "rank 3 (rankhost)" in out.stderr and "nothing listening" in out.stderr
+    assert "rank 0" not in out.stderr
+    snap = json.loads(out.stdout)
+    assert [r["update"] is not None for r in snap["ranks"]] == [True, True, True, False]

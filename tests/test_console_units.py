@@ -1,0 +1,603 @@
+"""Console pieces without a terminal: hostfile, state, bars, links, inbox, replay, demo commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from console import demo, fmt, render
+from console.feed import Inbox
+from console.hostfile import (
+    HostfileError,
+    load_hostfile,
+    local_targets,
+    parse_hostfile,
+    rank_targets,
+)
+from console.links import LinkRefused, LinkState, LinkStatus, RankLink
+from console.state import FleetState, Series
+from telemetry.errors import ConnectionLost
+from telemetry.records import Dropped, Event, Reply
+from tests.console_fakes import T0, GiB, hello, straggler_fleet, update
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --- hostfile ----------------------------------------------------------------------------------
+
+
+def test_hostfile_ranks_in_order_and_ports(tmp_path):
+    path = tmp_path / "hosts.json"
+    path.write_text(
+        json.dumps([{"ssh": "studio", "ips": ["10.0.0.1"]}, {"ssh": "mini"}, {"ssh": "studio"}])
+    )
+    targets = rank_targets(load_hostfile(path), port_base=48000)
+    assert [(t.rank, t.host, t.port) for t in targets] == [
+        (0, "studio", 48000),
+        (1, "mini", 48001),
+        (2, "studio", 48002),
+    ]
+    assert targets[0].ips == ("10.0.0.1",)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"ssh": "a"}, "expected a JSON list"),
+        ([], "empty"),
+        (["a"], "entry 0.*expected an object"),
+        ([{"ssh": "a"}, {"ips": []}], "entry 1.*non-empty host name"),
+        ([{"ssh": "a b"}], "not a valid host name"),
+        ([{"ssh": "-oProxyCommand=x"}], "not a valid host name"),
+        ([{"ssh": "a", "ips": "10.0.0.1"}], "list of address strings"),
+    ],
+)
+def test_hostfile_errors_say_where(data, match):
+    with pytest.raises(HostfileError, match=match):
+        parse_hostfile(data)
+
+
+def test_hostfile_file_errors(tmp_path):
+    with pytest.raises(HostfileError, match="no such hostfile"):
+        load_hostfile(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"ssh": "a"},\n  oops]')
+    with pytest.raises(HostfileError, match="line 2 column 3"):
+        load_hostfile(bad)
+    with pytest.raises(HostfileError, match="outside 1..65535"):
+        local_targets(4, port_base=65534)
+    with pytest.raises(HostfileError, match="at least 1"):
+        local_targets(0)
+
+
+# --- formatting and bars -----------------------------------------------------------------------
+
+
+def test_fmt_figures_are_short():
+    assert fmt.nbytes(16 * GiB) == "16G"
+    assert fmt.nbytes(1.5 * GiB) == "1.5G"
+    assert fmt.secs(0.532) == "532ms"
+    assert fmt.secs(12.34) == "12.3s"
+    assert fmt.duration(3725) == "1h02m"
+    assert fmt.duration(65) == "1m05s"
+    assert fmt.count(12345) == "12.3k"
+    assert fmt.count(None) == "—"
+
+
+def test_time_bar_shares_cells_by_time_and_scale():
+    u = update(0, 1, batch=2, per_sample=0.1, slowest=0.4)  # compute 0.2, wait 0.2, other 0.02
+    bar = render.time_bar(u, 20).plain
+    assert len(bar) == 20
+    assert abs(bar.count(render.COMPUTE) - bar.count(render.WAIT)) <= 1  # equal times
+    assert bar.count(render.OTHER) >= 1
+    # On a shared scale twice this update's length, the bar uses about half the width.
+    half = render.time_bar(u, 20, scale_s=2 * u.update_s).plain
+    assert len(half) == 20 and len(half.rstrip()) == 10
+
+
+def test_mem_bar_marks_active_peak_cache_against_total():
+    u = update(0, 1, batch=2)  # active 1.5G, peak 2G, cache 0.5G of 16G
+    bar = render.mem_bar(u, 16 * GiB, 32).plain
+    assert bar.count(render.ACTIVE) == 3 and bar.count(render.PEAK) == 1
+    assert bar.count(render.CACHE) == 1 and len(bar) == 32
+    assert render.mem_bar(None, 16 * GiB, 5).plain == "·····"
+
+
+def test_spark_scales_into_eight_levels():
+    assert render.spark([0, 1, 2, 3, 4, 5, 6, 7], 8) == render.SPARKS
+    assert render.spark([1, 1], 4) == "  ▁▁"
+
+
+def test_braille_plot_draws_a_connected_line_and_marks():
+    rows, xr, yr = render.braille_plot([(0, 4.0), (10, 2.0)], [(10, 2.0)], 10, 3)
+    assert xr == (0, 10) and yr == (2.0, 4.0)
+    text = [r.plain for r in rows]
+    assert all(len(t) == 10 for t in text)
+    assert "●" in text[-1]  # the eval mark at the bottom right
+    # Connected: every column up to the mark has a dot somewhere.
+    for c in range(9):
+        assert any(t[c] != " " for t in text), c
+
+
+def test_link_text_states():
+    assert "idle" in render.link_text(LinkStatus(0, LinkState.STALE), 0, paused=True).plain
+    assert "stale" in render.link_text(LinkStatus(0, LinkState.STALE), 0).plain
+    lost = LinkStatus(0, LinkState.LOST, "eof", retry_at=103.0)
+    assert render.link_text(lost, 100.0).plain == "○ lost 3s"
+    refused = LinkStatus(0, LinkState.REFUSED, "…", kind="host key changed")
+    assert render.link_text(refused, 0).plain == "✗ KEY CHANGED"
+
+
+# --- state -------------------------------------------------------------------------------------
+
+
+def fed_state(**kw) -> FleetState:
+    state = FleetState(local_targets(4), clock=lambda: T0)
+    for r in range(4):
+        state.set_link(LinkStatus(r, LinkState.LIVE))
+    for rank, msg in straggler_fleet(**kw):
+        state.apply(rank, msg)
+    return state
+
+
+def test_state_header_figures_and_straggler():
+    state = fed_state()
+    h = state.header()
+    assert h.step == 20 and h.live == 4 and h.world == 4
+    assert h.straggler == 3
+    assert h.global_batch == 8
+    assert h.total_updates == 1000
+    assert h.status == "running"
+    u = state.ranks[0].last
+    assert h.tokens_per_s == pytest.approx(u.update_tokens / u.update_s)
+    assert h.eta_s == pytest.approx((1000 - 20) * u.update_s)
+
+
+def test_state_no_straggler_when_balanced():
+    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 1))
+    assert state.straggler() is None
+
+
+def test_state_skips_history_resent_after_reconnect():
+    state = fed_state()
+    n = len(state.ranks[0].updates)
+    loss_n = len(state.loss)
+    state.apply(0, hello(0))
+    for step in range(15, 21):  # the hub's backlog again
+        state.apply(0, update(0, step))
+    assert len(state.ranks[0].updates) == n
+    assert len(state.loss) == loss_n
+    ev = Event("checkpoint", 0, 10, data={"path": "p", "verified": True}, time=T0 + 5)
+    state.apply(0, ev)
+    state.apply(0, ev)
+    assert sum("checkpoint p" in ln.text for ln in state.log_lines) == 1
+
+
+def test_state_new_run_on_rank0_resets():
+    state = fed_state()
+    state.apply(0, hello(0, run_id="other"))
+    assert state.run_id == "other"
+    assert len(state.ranks[0].updates) == 0
+    assert any("now serves run other" in ln.text for ln in state.log_lines)
+
+
+def test_state_events_drive_pause_and_log():
+    state = fed_state()
+    state.apply(0, Event("paused", 0, 21, time=T0 + 1))
+    assert state.header().status == "paused"
+    state.apply(0, Event("resumed", 0, 21, time=T0 + 2))
+    assert state.header().status == "running"
+    state.apply(0, Event("eval", 0, 20, data={"val_loss": 3.5}, time=T0 + 3))
+    assert state.header().val_loss == 3.5
+    state.apply(0, Event("stopped", 0, 22, data={"checkpoint": "ck"}, time=T0 + 4))
+    assert state.header().status == "stopped"
+    state.apply(2, Dropped(5, 7))
+    assert state.ranks[2].dropped == 7
+
+
+def test_state_replies_name_the_command_and_outcome():
+    state = fed_state()
+    state.command_sent(3, "rebalance", {"split": [3, 2, 2, 1]})
+    state.apply(0, Reply(3, True, result={"step": 42}))
+    assert "rebalance to 3,2,2,1: applied at update 42" in state.log_lines[-1].text
+    state.command_sent(4, "pause", {})
+    state.apply(0, Reply(4, False, error="bad mac"))
+    assert state.log_lines[-1].text.endswith("pause: refused: bad mac")
+    assert state.log_lines[-1].level == "error"
+    assert not state.pending
+
+
+def test_state_link_changes_are_logged_once():
+    state = fed_state()
+    lost = LinkStatus(1, LinkState.LOST, "connection reset", retry_at=T0 + 1)
+    state.set_link(lost)
+    state.set_link(lost)
+    assert sum("link lost" in ln.text for ln in state.log_lines) == 1
+    state.set_link(LinkStatus(1, LinkState.LIVE))
+    assert "rank 1 link back" in state.log_lines[-1].text
+    assert state.live_count() == 4
+
+
+def test_state_proposal_moves_work_off_the_straggler():
+    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+    prop, models, why = state.proposal()
+    assert why == "" and prop is not None and len(models) == 4
+    assert sum(prop.split) == 8
+    assert prop.split[3] < 2
+    assert prop.gain is not None and prop.gain > 0.3
+
+
+def test_state_proposal_says_why_not():
+    state = FleetState(local_targets(2))
+    prop, _, why = state.proposal()
+    assert prop is None and "not every rank" in why
+
+
+def test_series_keeps_whole_run_at_bounded_size():
+    s = Series(8)
+    for i in range(100):
+        s.add(i, float(i))
+    assert len(s) <= 9
+    pts = s.all()
+    assert pts[0][0] < 10 and pts[-1][0] >= 96  # the start and the newest are both there
+    assert s.last_y == 99.0
+
+
+def test_snapshot_is_json_ready():
+    snap = fed_state().snapshot()
+    text = json.dumps(snap)
+    assert json.loads(text)["ranks"][3]["straggler"] is True
+
+
+# --- inbox and links ---------------------------------------------------------------------------
+
+
+def test_inbox_notifies_once_per_batch():
+    calls = []
+    inbox = Inbox(notify=lambda: calls.append(1))
+    for i in range(100):
+        inbox.link_message(0, update(0, i + 1))
+    assert calls == [1]
+    assert len(inbox.drain()) == 100
+    inbox.link_state(LinkStatus(0, LinkState.LIVE))
+    assert calls == [1, 1]
+
+
+class Recorder:
+    def __init__(self):
+        self.states: list[LinkStatus] = []
+        self.messages = []
+        self.changed = threading.Event()
+
+    def link_state(self, s):
+        self.states.append(s)
+        self.changed.set()
+
+    def link_message(self, rank, m):
+        self.messages.append((rank, m))
+        self.changed.set()
+
+    def wait_for(self, pred, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            self.changed.wait(0.05)
+            self.changed.clear()
+        return pred()
+
+
+class ScriptedConnector:
+    """Each open() takes the next outcome: an exception to raise, or a list of messages."""
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.opens = 0
+
+    def open(self, target, timeout):
+        self.opens += 1
+        out = self.outcomes.pop(0) if self.outcomes else LinkRefused("gone", "nothing listening")
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def describe(self, target):
+        return f"fake:{target.port}"
+
+    def close(self):
+        pass
+
+
+class ScriptedClient:
+    def __init__(self, messages, key, timeout, peer=""):
+        self.hello = messages[0]
+        self.rest = list(messages[1:])
+        self.key = key
+        self.sent = []
+
+    def recv(self, timeout=None):
+        if self.rest:
+            m = self.rest.pop(0)
+            if isinstance(m, BaseException):
+                raise m
+            return m
+        time.sleep(timeout or 0)
+        return None
+
+    def send_command(self, cmd, args):
+        self.sent.append((cmd, args))
+        return 7
+
+    def close(self):
+        pass
+
+
+def make_link(outcomes, sink, **kw):
+    from telemetry.backoff import Backoff
+
+    return RankLink(
+        local_targets(1)[0],
+        ScriptedConnector(outcomes),
+        sink,
+        backoff=Backoff(0.01, 1.0, 0.01, 0.0),
+        client_factory=ScriptedClient,
+        recv_timeout=0.01,
+        **kw,
+    )
+
+
+def run_link(link):
+    t = threading.Thread(target=link.run, daemon=True)
+    t.start()
+    return t
+
+
+def test_link_goes_live_then_lost_then_reconnects():
+    sink = Recorder()
+    session = [hello(0, world=1), update(0, 1), ConnectionLost("eof")]
+    link = make_link(
+        [
+            LinkRefused("nothing listening on 127.0.0.1:47800", "nothing listening"),
+            session,
+            [hello(0, world=1), update(0, 2)],
+        ],
+        sink,
+    )
+    t = run_link(link)
+    assert sink.wait_for(
+        lambda: sum(isinstance(m, type(update(0, 1))) for _, m in sink.messages) == 2
+    )
+    link.stop()
+    t.join(2)
+    states = [s.state for s in sink.states]
+    assert states[:2] == [LinkState.CONNECTING, LinkState.REFUSED]
+    assert LinkState.LIVE in states and LinkState.LOST in states
+    lost = next(s for s in sink.states if s.state is LinkState.LOST)
+    assert "eof" in lost.detail and lost.retry_at is not None
+    assert states.index(LinkState.LOST) < len(states) - 1
+
+
+def test_link_refused_for_good_waits_without_retrying():
+    sink = Recorder()
+    link = make_link([LinkRefused("key changed", "host key changed", retry=False)], sink)
+    t = run_link(link)
+    assert sink.wait_for(lambda: any(s.state is LinkState.REFUSED for s in sink.states))
+    time.sleep(0.1)
+    assert link.connector.opens == 1
+    refused = next(s for s in sink.states if s.state is LinkState.REFUSED)
+    assert refused.retry_at is None and refused.kind == "host key changed"
+    link.stop()
+    t.join(2)
+    assert not t.is_alive()
+
+
+def test_link_marks_stale_and_back_live():
+    sink = Recorder()
+    session = [hello(0, world=1), update(0, 1)]
+    link = make_link([session], sink, stale_after=0.05)
+    t = run_link(link)
+    assert sink.wait_for(lambda: any(s.state is LinkState.STALE for s in sink.states))
+    link.stop()
+    t.join(2)
+
+
+def test_link_refuses_a_port_serving_another_rank():
+    sink = Recorder()
+    link = make_link([[hello(3, world=4)]], sink)
+    t = run_link(link)
+    assert sink.wait_for(lambda: any(s.kind == "wrong rank" for s in sink.states))
+    link.stop()
+    t.join(2)
+    assert not any(isinstance(m, type(hello(0))) for _, m in sink.messages)
+
+
+def test_link_send_command_needs_a_live_link():
+    sink = Recorder()
+    link = make_link([[hello(0, world=1)]], sink)
+    with pytest.raises(ConnectionLost, match="connecting"):
+        link.send_command("pause")
+    link.key = b"k" * 32
+    t = run_link(link)
+    assert sink.wait_for(lambda: link.state is LinkState.LIVE)
+    assert link.send_command("pause") == 7
+    link.stop()
+    t.join(2)
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+def test_replay_plays_steps_and_finishes(tmp_path):
+    from console.replay import ReplayError, ReplayFeed
+    from telemetry.synthetic import write_run
+
+    write_run(tmp_path, world_size=3, steps=30, rebalance_at=15, eval_every=10)
+    feed = ReplayFeed(tmp_path)
+    inbox = Inbox()
+    feed.attach(inbox)
+    state = FleetState(feed.targets)
+
+    def pump():
+        for rank, item in inbox.drain():
+            state.set_link(item) if isinstance(item, LinkStatus) else state.apply(rank, item)
+
+    feed.start()
+    feed.step()
+    pump()
+    assert state.step() == 1 and not feed.playing
+    feed.step()
+    pump()
+    assert state.step() == 2
+    feed.finish()
+    pump()
+    assert state.step() == 30 and feed.done
+    assert any("rebalanced" in ln.text for ln in state.log_lines)
+    assert state.header().val_loss is not None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ReplayError, match="no telemetry logs"):
+        ReplayFeed(empty)
+    with pytest.raises(ReplayError, match="no such run folder"):
+        ReplayFeed(tmp_path / "missing")
+
+
+def test_replay_once_json_cli(tmp_path):
+    from telemetry.synthetic import write_run
+
+    write_run(tmp_path, world_size=2, steps=12, slow_rank=1, eval_every=0, rebalance_at=None)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "console",
+            "--replay",
+            str(tmp_path),
+            "--once",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    snap = json.loads(out.stdout)
+    assert snap["step"] == 12 and len(snap["ranks"]) == 2
+
+
+# --- demo commands -----------------------------------------------------------------------------
+
+
+def test_demo_commands(tmp_path):
+    assert demo.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/mlx-fleet")
+    assert demo.cache_dir({"HOME": "/h"}) == Path("/h/.cache/mlx-fleet")
+    prep = demo.prepare_command(Path("/c"), python="py")
+    assert prep[:3] == ["py", "-m", "fleet.cli"]
+    assert prep[3:] == [
+        "prepare",
+        "--stdlib",
+        "--max-files",
+        "400",
+        "--seq-len",
+        "128",
+        "--out",
+        "/c/stdlib-128",
+    ]
+    launch = demo.launch_command(Path("/c/stdlib-128"), Path("runs/d"), python="py")
+    assert launch[3:8] == ["launch", "-n", "4", "--", "train"]
+    args = dict(zip(launch[8::2], launch[9::2], strict=False))
+    assert args["--local-batches"] == "3,2,2,1"
+    assert args["--simulate-slowdown"] == "2,1,1,1"
+    assert args["--data"] == "/c/stdlib-128" and args["--run-dir"] == "runs/d"
+    assert "--telemetry-port-base" not in launch
+    moved = demo.launch_command(Path("d"), Path("r"), port_base=49000)
+    assert moved[-2:] == ["--telemetry-port-base", "49000"]
+    assert demo.console_args(Path("r"), 4, 49000) == [
+        "--local",
+        "-n",
+        "4",
+        "--run-dir",
+        "r",
+        "--port-base",
+        "49000",
+    ]
+    with pytest.raises(ValueError, match="slowdown"):
+        demo.launch_command(Path("d"), Path("r"), split=(1, 2), slowdown=(1,))
+
+
+# --- boundaries --------------------------------------------------------------------------------
+
+
+def test_console_never_imports_mlx_or_trainer():
+    code = (
+        "import sys, console.app, console.cli, console.demo, console.once, console.replay, "
+        "console.ssh, console.bench\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'trainer'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_balance_stays_pure():
+    code = (
+        "import sys, telemetry.balance\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('mlx', 'numpy', 'textual', 'paramiko', 'console', 'trainer'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def test_console_cli_errors_are_one_line(tmp_path):
+    def fleet(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "fleet.cli", "console", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    out = fleet("--hostfile", str(tmp_path / "nope.json"))
+    assert out.returncode == 2 and "no such hostfile" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = fleet("--local")
+    assert out.returncode == 2 and "-n N" in out.stderr
+    out = fleet("--local", "-n", "2", "--replay", "x")
+    assert out.returncode == 2 and "choose one" in out.stderr
+    out = fleet("--replay", str(tmp_path))
+    assert out.returncode == 2 and "no telemetry logs" in out.stderr
+
+
+# --- ssh config resolution ---------------------------------------------------------------------
+
+
+def test_ssh_config_is_honoured(tmp_path):
+    from console.ssh import SSHConfigError, SSHOptions, _parse_hop, resolve
+
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        "Host studio\n  HostName 10.0.0.5\n  User ml\n  Port 2222\n  IdentityFile ~/k1\n"
+        "  IdentitiesOnly yes\n  ProxyJump bastion\n  StrictHostKeyChecking accept-new\n"
+        f"  UserKnownHostsFile {tmp_path}/kh1 {tmp_path}/kh2\n"
+        "Host *\n  User fallback\n"
+    )
+    s = resolve("studio", SSHOptions(config_path=cfg))
+    assert (s.hostname, s.port, s.user) == ("10.0.0.5", 2222, "ml")
+    assert s.identity_files[0].endswith("/k1") and not s.identity_files[0].startswith("~")
+    assert s.identities_only and s.proxy_jump == "bastion" and s.accept_new
+    assert s.known_hosts == tmp_path / "kh1"
+    other = resolve("mini", SSHOptions(config_path=cfg, known_hosts=tmp_path / "kh", user="me"))
+    assert (other.hostname, other.port, other.user) == ("mini", 22, "me")
+    assert other.known_hosts == tmp_path / "kh" and not other.accept_new
+    assert _parse_hop("ml@jump:2200") == ("ml", "jump", 2200)
+    assert _parse_hop("jump") == (None, "jump", None)
+    assert _parse_hop("ssh://u@[::1]:22") == ("u", "::1", 22)
+    with pytest.raises(SSHConfigError, match="does not exist"):
+        SSHOptions(config_path=tmp_path / "missing").ssh_config()
