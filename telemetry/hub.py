@@ -133,7 +133,9 @@ class Hub:
         if self.server is not None:
             out.update(self.server.stats())
         if self.log is not None:
-            out.update(log_written=self.log.written, log_dropped=self.log.dropped)
+            out.update(
+                log_written=self.log.written, log_dropped=self.log.dropped, log_cpu_s=self.log.cpu_s
+            )
         return out
 
     def close(self) -> None:

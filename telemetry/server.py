@@ -60,6 +60,7 @@ class _Conn:
         self.closing_at: float | None = None
         self.partial_since: float | None = None
         self.interest = 0
+        self.blocked = False  # its last send would block: wait for the selector to say writable
         self.closed = False
 
     def push(self, data: bytes) -> None:
@@ -129,6 +130,7 @@ class Server:
         self.dropped = 0  # records lost because the server thread fell behind the trainer
         self.refused_clients = 0
         self.closed_on_error = 0
+        self.cpu_s = 0.0
         self._inbox: collections.deque[Update | Event] = collections.deque(maxlen=queue_size)
         self._backlog: collections.deque[bytes] = collections.deque(maxlen=max(backlog, 0))
         self._event_backlog: collections.deque[bytes] = collections.deque(
@@ -299,6 +301,7 @@ class Server:
                         if mask & selectors.EVENT_READ and not conn.closed:
                             self._read(conn)
                         if mask & selectors.EVENT_WRITE and not conn.closed:
+                            conn.blocked = False
                             self._flush(conn)
                 self._pump()
                 now = time.monotonic()
@@ -306,6 +309,7 @@ class Server:
                     self._sweep(now)
                     last_sweep = now
                 failures = 0
+                self.cpu_s = time.thread_time()  # this thread's CPU so far (for benchmarks)
             except Exception:  # one bad turn must not end telemetry for the whole run
                 failures += 1
                 log.exception("rank %d: telemetry server error", self.rank)
@@ -454,7 +458,7 @@ class Server:
             if not conn.closed:
                 self._reply(conn, _reply_for(cmd_id, future), flush=False)
         for conn in list(self._conns.values()):
-            if conn.has_output():
+            if conn.has_output() and not conn.blocked:  # a stalled one costs no syscall
                 self._flush(conn)
 
     def _reply(self, conn: _Conn, reply: Reply, flush: bool = True) -> None:
@@ -481,6 +485,7 @@ class Server:
             try:
                 sent = conn.sock.send(conn.pending)
             except (BlockingIOError, InterruptedError):
+                conn.blocked = True
                 break
             except OSError:
                 self._drop(conn)
@@ -538,6 +543,7 @@ class Server:
             "dropped_for_subscribers": sum(c.dropped_total for c in conns),
             "refused_clients": self.refused_clients,
             "closed_on_error": self.closed_on_error,
+            "server_cpu_s": self.cpu_s,
         }
 
 

@@ -207,6 +207,11 @@ def open_run(
         f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
         f"{sum(split) * cfg.accum} samples/update; data {data_desc}"
         + (f"\n  memory: {', '.join(notes)}" if notes else "")
+        + (
+            f"\n  SIMULATED slowdown per rank: {cfg.simulate_slowdown} (for tests and demos)"
+            if cfg.simulate_slowdown
+            else ""
+        )
     )
     return Run(
         cfg=cfg,

@@ -297,6 +297,7 @@ def train(
             if step % cfg.log_every == 0 or step == cfg.updates:
                 ranks = gather_rank_figures(cluster, compute_s, wait_s, mem.peak)
                 say(progress.line(rec, ranks))
+                run.mem_caps = memory_caps(cfg, split, [peak for _, _, peak in ranks])
 
             # --- checkpoint
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -325,6 +326,23 @@ def train(
         watchdog.stop()
         controller.queue.refuse_all("the run has ended")
         reporter.close()
+
+
+def memory_caps(cfg: TrainConfig, split: list[int], peaks: list[float]) -> list[int | None]:
+    """The largest local batch each rank's --memory-limit-gb allows, from its measured peak.
+
+    Peak per sample is taken as peak / local batch, which overstates it (the weights count
+    too), so the caps err on the safe side. None where a rank has no limit.
+    """
+    world, caps = len(split), []
+    for r, (batch, peak) in enumerate(zip(split, peaks, strict=True)):
+        limit = cfg.per_rank("memory_limit_gb", world, r)
+        caps.append(
+            None
+            if limit is None or peak <= 0
+            else max(1, int(limit * memory.GiB // (peak / batch)))
+        )
+    return caps
 
 
 class ReplicaMismatch(RuntimeError):
