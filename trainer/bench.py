@@ -184,7 +184,9 @@ def measure(args: argparse.Namespace) -> dict:
     stream = SyntheticStream(args.vocab, args.seq_len, 0)
     B, accum = args.local_batch, args.accum
 
-    def update(i: int) -> None:
+    def update(i: int) -> tuple[float, float]:
+        """One update; returns (seconds in microsteps, seconds in the optimizer step)."""
+        t0 = time.perf_counter()
         batches = [mx.array(stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
         if args.accum_mode == "sequential":
             acc = zeros_f32(model.trainable_parameters())
@@ -195,21 +197,29 @@ def measure(args: argparse.Namespace) -> dict:
         else:
             acc, loss, ntok = stepper.unrolled(batches)
             mx.eval(acc, loss, ntok)
+        t1 = time.perf_counter()
         norm = stepper.apply(acc, ntok, 1e-4)
         mx.eval(model.parameters(), optimizer.state, norm)
+        return t1 - t0, time.perf_counter() - t1
 
     for i in range(args.warmup):
         update(i)
-    times, peaks = [], []
+    times, micro, apply_, peaks = [], [], [], []
     for i in range(args.warmup, args.warmup + args.updates):
         mx.reset_peak_memory()
         t0 = time.perf_counter()
-        update(i)
+        m, a = update(i)
         times.append(time.perf_counter() - t0)
+        micro.append(m)
+        apply_.append(a)
         peaks.append(mx.get_peak_memory())
     tokens = B * accum * args.seq_len
     median = float(np.median(times))
     return {
+        "framework": "mlx",
+        "device_name": _device_name(),
+        "microsteps_s": float(np.median(micro)),
+        "optimizer_s": float(np.median(apply_)),
         "accum_mode": args.accum_mode,
         "precision": args.precision,
         "params": model.num_params(),
@@ -221,6 +231,20 @@ def measure(args: argparse.Namespace) -> dict:
         "device": str(mx.default_device()),
         "mlx": mx.__version__,
     }
+
+
+# Dense bf16 peaks (datasheets) for MFU when --peak-tflops is not given.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def _device_name() -> str:
+    from trainer.memory import device_name
+
+    return device_name()
+
+
+def known_peak(device: str) -> float:
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in device), 0.0)
 
 
 def memory(args: argparse.Namespace) -> int:
@@ -279,13 +303,14 @@ def memory(args: argparse.Namespace) -> int:
 def throughput(args: argparse.Namespace) -> int:
     argv = _model_argv(args) + ["--updates", str(args.updates), "--warmup", str(args.warmup)]
     r = run_worker(argv)
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    tflops = args.peak_tflops or known_peak(r["device_name"])
+    peak = tflops * 1e12 if tflops else None
     r["peak_flops"] = peak
     r["mfu"] = (r["tokens_per_s"] * r["flops_per_token"] / peak) if peak else None
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    mfu = f", MFU {100 * r['mfu']:.1f}% of {args.peak_tflops:g} TFLOP/s" if peak else ""
+    mfu = f", MFU {100 * r['mfu']:.1f}% of {tflops:g} TFLOP/s bf16 dense" if peak else ""
     print(
         f"{r['tokens_per_s']:,.0f} tokens/s, update {r['update_s'] * 1000:.0f} ms, "
         f"peak {r['peak_bytes'] / GiB:.2f} GiB ({r['params'] / 1e6:.1f}M params, "

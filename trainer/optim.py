@@ -49,7 +49,14 @@ class Schedule:
 
 
 def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
-    """AdamW on every weight: the model has only matrices (no biases, no norm gains)."""
+    """AdamW on every weight: the model has only matrices (no biases, no norm gains).
+
+    Bias correction on, as in PyTorch's AdamW and the papers (MLX defaults to off).
+    """
     return optim.AdamW(
-        learning_rate=cfg.lr, betas=[cfg.beta1, cfg.beta2], eps=1e-8, weight_decay=cfg.weight_decay
+        learning_rate=cfg.lr,
+        betas=[cfg.beta1, cfg.beta2],
+        eps=1e-8,
+        weight_decay=cfg.weight_decay,
+        bias_correction=True,
     )
