@@ -6,7 +6,7 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 
 from trainer.model import GPT
 
@@ -19,14 +19,8 @@ def zeros_f32(params: Tree) -> Tree:
 
 
 def global_norm(tree: Tree) -> mx.array:
-    leaves = [g for _, g in _leaves(tree)]
-    return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for g in leaves))
-
-
-def _leaves(tree: Tree):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(tree)
+    """The L2 norm of every array in the tree together, in FP32."""
+    return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for _, g in tree_flatten(tree)))
 
 
 class Stepper:
@@ -89,13 +83,15 @@ class Stepper:
 
     # --- optimizer: divide by the update's global token count, clip, step
     def _apply_impl(self, grad_sum, ntok):
-        grads = tree_map(lambda g: g / ntok, grad_sum)
-        norm = global_norm(grads)
+        # One pass reads the sums for the norm; the division by the token count and the clip
+        # fold into a single scale that compile fuses into AdamW's elementwise update, so the
+        # mean gradient is never written out on its own (a full pass over the weights saved).
+        norm = global_norm(grad_sum) / ntok
+        scale = 1.0 / ntok
         if self.grad_clip > 0:
-            scale = mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
-            grads = tree_map(lambda g: g * scale, grads)
+            scale = scale * mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
         params = self.model.trainable_parameters()
-        grads = tree_map(lambda g, p: g.astype(p.dtype), grads, params)
+        grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
         self.optimizer.update(self.model, grads)
         return norm
 

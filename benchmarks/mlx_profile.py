@@ -1,0 +1,153 @@
+"""Where an MLX update's time goes: the trainer's update taken apart, each piece timed alone.
+
+    python benchmarks/mlx_profile.py --depth 12 --width 768 --heads 12 --vocab 32768 \
+        --seq-len 1024 --local-batch 16 --precision mixed
+
+Each piece is compiled like the trainer's and timed as the median of --reps synchronized runs;
+its FLOPs (nanoGPT's count) give the rate it reaches. Pieces: the whole microstep (forward +
+backward + FP32 accumulation), the forward alone, one transformer block forward + backward,
+attention alone, the MLP alone, the head (final norm, lm_head, softcap, cross-entropy)
+forward + backward, and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map
+
+from trainer.config import TrainConfig
+from trainer.data import SyntheticStream
+from trainer.model import GPT, ModelConfig
+from trainer.optim import make_optimizer
+from trainer.step import Stepper, zeros_f32
+
+
+def timed(fn, reps: int) -> float:
+    fn()  # compile and warm up
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (
+        ("depth", 12),
+        ("width", 768),
+        ("heads", 12),
+        ("vocab", 32768),
+        ("seq-len", 1024),
+        ("local-batch", 16),
+        ("reps", 10),
+    ):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--precision", default="mixed", choices=("fp32", "bf16", "mixed"))
+    a = p.parse_args()
+    cfg = ModelConfig.from_sizes(
+        depth=a.depth, width=a.width, heads=a.heads, vocab=a.vocab, seq_len=a.seq_len
+    )
+    model = GPT(cfg)
+    model.init_weights(0)
+    if a.precision == "bf16":
+        model.set_dtype(mx.bfloat16)
+    opt = make_optimizer(TrainConfig(synthetic=True))
+    opt.init(model.trainable_parameters())
+    stepper = Stepper(model, opt, precision=a.precision, pad_id=-1, grad_clip=1.0)
+    batch = mx.array(
+        SyntheticStream(a.vocab, a.seq_len, 0).batch(0, a.local_batch, 0, a.local_batch)
+    )
+    mx.eval(model.parameters(), opt.state, batch)
+    dt = mx.float32 if a.precision == "fp32" else mx.bfloat16
+    B, T, C, V = a.local_batch, a.seq_len, a.width, a.vocab
+    tokens = B * T
+    results = {}
+
+    def record(name: str, seconds: float, flops: float) -> None:
+        results[name] = {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
+
+    n = model.num_params()
+    acc0 = zeros_f32(model.trainable_parameters())
+    zero = mx.array(0.0)
+
+    def micro():
+        out = stepper.microstep(acc0, zero, zero, batch)
+        mx.eval(out)
+
+    record("microstep", timed(micro, a.reps), model.flops_per_token() * tokens)
+
+    def forward():
+        mx.eval(stepper.eval_sums(batch))
+
+    record("forward", timed(forward, a.reps), model.flops_per_token() * tokens / 3)
+
+    x = (mx.random.normal((B, T, C)) * 0.1).astype(dt)
+    block = model.blocks[0]
+    if a.precision == "mixed":
+        block.set_dtype(mx.bfloat16)
+
+    def fb(module, f):
+        def loss(params, x):
+            module.update(params)
+            return f(x).astype(mx.float32).sum()
+
+        g = mx.compile(mx.value_and_grad(loss))
+        params = module.trainable_parameters()
+
+        def run():
+            mx.eval(g(params, x))
+            module.update(params)  # tracing left traced arrays in the module; put them back
+
+        return run
+
+    attn_flops = 3 * (8 * tokens * C * C + 4 * B * T * T * C)  # projections + scores/values
+    mlp_flops = 3 * (16 * tokens * C * C)
+    record("block", timed(fb(block, block), a.reps), attn_flops + mlp_flops)
+    record("attention", timed(fb(block.attn, block.attn), a.reps), attn_flops)
+    record("mlp", timed(fb(block.mlp, block.mlp), a.reps), mlp_flops)
+
+    head = model.lm_head
+    head_w = {"weight": head.weight.astype(dt)}
+    targets = batch[:, 1:]
+
+    def head_loss(w, x):
+        logits = x @ w["weight"].T
+        logits = 15.0 * mx.tanh(logits / 15.0)
+        return nn.losses.cross_entropy(logits.astype(mx.float32), targets, reduction="sum")
+
+    g_head = mx.compile(mx.value_and_grad(head_loss))
+    record("head+loss", timed(lambda: mx.eval(g_head(head_w, x)), a.reps), 6 * tokens * C * V)
+
+    grads = tree_map(
+        lambda p: mx.ones(p.shape, dtype=mx.float32) * 1e-3, model.trainable_parameters()
+    )
+    ntok = mx.array(float(tokens))
+    mx.eval(grads)
+
+    def step():
+        norm = stepper.apply(grads, ntok, 1e-4)
+        mx.eval(model.parameters(), opt.state, norm)
+
+    record("optimizer", timed(step, a.reps), 0)
+    out = {
+        "config": vars(a),
+        "params": n,
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "pieces": results,
+        "depth_x_block_ms": results["block"]["ms"] * a.depth,
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
