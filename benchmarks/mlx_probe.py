@@ -100,18 +100,132 @@ def head_probes() -> dict:
     return out
 
 
-def main() -> None:
-    print(
-        json.dumps(
-            {
-                "mlx": mx.__version__,
-                "device": str(mx.default_device()),
-                "attention": attention_probes(),
-                "head": head_probes(),
-            },
-            indent=2,
-        )
+def block_probes() -> dict:
+    """The attention module's pieces: what rotary, QK-norm and the layout cost, fwd + bwd."""
+    from trainer.model import Attention, ModelConfig
+
+    cfg = ModelConfig.from_sizes(depth=1, width=C, heads=H, vocab=V, seq_len=T)
+    attn = Attention(cfg)
+    attn.set_dtype(mx.bfloat16)
+    x = (mx.random.normal((B, T, C), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
+    mx.eval(attn.parameters(), x)
+    scale = 1 / math.sqrt(D)
+    rope = dict(traditional=False, base=10000.0, scale=1.0, offset=0)
+
+    def heads(t):
+        return t.reshape(B, T, H, D).transpose(0, 2, 1, 3)
+
+    def merge(y):
+        return y.transpose(0, 2, 1, 3).reshape(B, T, C)
+
+    def sdpa(q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
+
+    def norm(t):
+        return mx.fast.rms_norm(t, None, 1e-5)
+
+    def norm_first(t):  # RMS norm commutes with rotary (a rotation keeps the RMS)
+        return mx.fast.rope(norm(t.reshape(B, T, H, D)).transpose(0, 2, 1, 3), D, **rope)
+
+    variants = {
+        "module": lambda x: attn(x),
+        "projections_sdpa_only": lambda x: attn.c_proj(
+            merge(sdpa(heads(attn.c_q(x)), heads(attn.c_k(x)), heads(attn.c_v(x))))
+        ),
+        "rope_only": lambda x: attn.c_proj(
+            merge(
+                sdpa(
+                    mx.fast.rope(heads(attn.c_q(x)), D, **rope),
+                    mx.fast.rope(heads(attn.c_k(x)), D, **rope),
+                    heads(attn.c_v(x)),
+                )
+            )
+        ),
+        "norm_only": lambda x: attn.c_proj(
+            merge(sdpa(norm(heads(attn.c_q(x))), norm(heads(attn.c_k(x))), heads(attn.c_v(x))))
+        ),
+        "norm_fast_kernel": lambda x: attn.c_proj(
+            merge(
+                sdpa(
+                    norm(mx.fast.rope(heads(attn.c_q(x)), D, **rope)),
+                    norm(mx.fast.rope(heads(attn.c_k(x)), D, **rope)),
+                    heads(attn.c_v(x)),
+                )
+            )
+        ),
+        "norm_first_contiguous": lambda x: attn.c_proj(
+            merge(sdpa(norm_first(attn.c_q(x)), norm_first(attn.c_k(x)), heads(attn.c_v(x))))
+        ),
+    }
+    out = {}
+    params = attn.trainable_parameters()
+    for name, f in variants.items():
+
+        def loss(p, x, f=f):
+            attn.update(p)
+            return f(x).astype(mx.float32).sum()
+
+        g = mx.compile(mx.value_and_grad(loss))
+
+        def run(g=g):
+            mx.eval(g(params, x))
+            attn.update(params)
+
+        out[name] = timed(run)
+    return out
+
+
+def optimizer_probes() -> dict:
+    """AdamW alone over GPT-size weights, against the trainer's apply (norm, clip, AdamW)."""
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten, tree_map
+
+    from trainer.config import TrainConfig
+    from trainer.model import GPT, ModelConfig
+    from trainer.optim import make_optimizer
+    from trainer.step import Stepper
+
+    model = GPT(ModelConfig.from_sizes(depth=12, width=C, heads=H, vocab=V, seq_len=T))
+    opt = make_optimizer(TrainConfig(synthetic=True))
+    opt.init(model.trainable_parameters())
+    stepper = Stepper(model, opt, precision="mixed", pad_id=-1, grad_clip=1.0)
+    grads = tree_map(
+        lambda p: mx.full(p.shape, 1e-3, dtype=mx.float32), model.trainable_parameters()
     )
+    ntok = mx.array(16384.0)
+    mx.eval(model.parameters(), opt.state, grads)
+
+    def apply():
+        mx.eval(stepper.apply(grads, ntok, 1e-4), model.parameters(), opt.state)
+
+    out = {"apply": timed(apply)}
+    plain = optim.AdamW(learning_rate=1e-4, bias_correction=True)
+    plain.init(model.trainable_parameters())
+    state = [model.state, plain.state]
+    bare = mx.compile(lambda g: plain.update(model, g), inputs=state, outputs=state)
+
+    def alone():
+        bare(grads)
+        mx.eval(model.parameters(), plain.state)
+
+    out["adamw_compiled_alone"] = timed(alone)
+    n = sum(p.size for _, p in tree_flatten(model.parameters()))
+    out["min_gb_moved"] = round(n * 4 * 7 / 1e9, 2)  # read p, g, m, v; write p, m, v
+    return out
+
+
+def main() -> None:
+    which = os.environ.get("PROBES", "attention,head,block,optimizer").split(",")
+    probes = {
+        "attention": attention_probes,
+        "head": head_probes,
+        "block": block_probes,
+        "optimizer": optimizer_probes,
+    }
+    out = {"mlx": mx.__version__, "device": str(mx.default_device())}
+    for name in which:
+        out[name] = probes[name]()
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

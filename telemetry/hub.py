@@ -35,6 +35,8 @@ class Hub:
 
     `port`: None or 0 serves no socket (log only), ANY_PORT (-1) an ephemeral one (read it from
     `address`), else that port. Only rank 0 with `commands` and `key` applies commands.
+    `flush_interval`: records go out at most this often, batched (0 = each at once); a
+    record after a quiet spell goes at once. Replies to commands never wait.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Hub:
         queue_size: int = 1024,
         subscriber_buffer: int = 512,
         event_backlog: int = DEFAULT_EVENT_BACKLOG,
+        flush_interval: float = 0.1,
     ) -> None:
         self.run_dir = Path(run_dir)
         self._hello = hello
@@ -75,6 +78,7 @@ class Hub:
                 queue_size=queue_size,
                 subscriber_buffer=subscriber_buffer,
                 rank0_port=port - hello.rank if port and port > 0 else None,
+                flush_interval=flush_interval,
             )
 
     def start(self) -> Hub:

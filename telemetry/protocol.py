@@ -7,6 +7,9 @@ Transport
     from another machine is an SSH ``direct-tcpip`` channel to the loopback port. (In code,
     ``Hub(port=-1)`` binds any free port, for tests and benchmarks; read it from ``address``.)
     Any local user can connect and read the feed; only control is protected, by the key.
+    Records are sent in batches at most every 0.1 s (``Hub(flush_interval=...)``): a record
+    after a quiet spell goes at once, a fast run's records go several to a send. Replies
+    to commands are never held back.
 
 Framing
     Both directions are a plain stream of msgpack objects (msgpack >= 1.2.1, ``use_bin_type``,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from telemetry.records import Event, Update
 
@@ -14,6 +14,8 @@ class Reporter(Protocol):
 
     def on_event(self, event: Event) -> None: ...
 
+    def set_hello(self, **changes: Any) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -24,6 +26,9 @@ class NullReporter:
         pass
 
     def on_event(self, event: Event) -> None:
+        pass
+
+    def set_hello(self, **changes: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -43,6 +48,11 @@ class FanOut:
     def on_event(self, event: Event) -> None:
         for r in self.reporters:
             r.on_event(event)
+
+    def set_hello(self, **changes: Any) -> None:
+        """What a late subscriber is told about this rank (e.g. its local batch)."""
+        for r in self.reporters:
+            r.set_hello(**changes)
 
     def close(self) -> None:
         for r in self.reporters:

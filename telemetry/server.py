@@ -115,8 +115,10 @@ class Server:
         subscriber_buffer: int = 512,
         rank0_port: int | None = None,
         max_clients: int = protocol.MAX_CLIENTS,
+        flush_interval: float = 0.1,
     ) -> None:
         self.hello = hello
+        self.flush_interval = flush_interval
         self.rank = hello.rank
         self.port = port
         self.bind = bind
@@ -245,7 +247,7 @@ class Server:
         if self._thread is None:
             self._close_all()
             return
-        self._wake()
+        self._kick()
         self._thread.join(timeout)
         if self._thread.is_alive():  # a daemon: it still closes its sockets when it gets here
             log.warning("rank %d: telemetry server thread did not stop in time", self.rank)
@@ -274,24 +276,30 @@ class Server:
         if len(self._inbox) == self._inbox.maxlen:
             self.dropped += 1  # deque drops the oldest itself; the count may race by one
         self._inbox.append(record)
-        self._wake()
-
-    def _wake(self) -> None:
-        # One byte per burst, not per record: the flag is cleared by the server thread
-        # before it drains, so a record appended after the drain always gets its own wake.
+        # One wake per batch, not per record: the server clears the flag just before it
+        # drains the inbox, so a record appended after that drain always wakes it again.
         if not self._wake_pending:
             self._wake_pending = True
-            with contextlib.suppress(OSError):  # full (the thread is awake anyway) or closed
-                self._wake_w.send(b"\0")
+            self._kick()
+
+    def _kick(self) -> None:
+        with contextlib.suppress(OSError):  # full (the thread is awake anyway) or closed
+            self._wake_w.send(b"\0")
 
     # --- the server thread --------------------------------------------------------------------
 
     def _run(self) -> None:
         last_sweep = time.monotonic()
+        next_send = 0.0
         failures = 0
         while not self._stop:
             try:
-                for key, mask in self._sel.select(timeout=1.0):
+                # Records wait until `flush_interval` after the last send, then go out
+                # together: one send per subscriber per batch, however fast the run steps.
+                timeout = 1.0
+                if self._inbox:
+                    timeout = max(0.0, next_send - time.monotonic())
+                for key, mask in self._sel.select(timeout):
                     if key.data is _LISTEN:
                         self._accept(key.fileobj)  # type: ignore[arg-type]
                     elif key.data is _WAKE:
@@ -303,8 +311,14 @@ class Server:
                         if mask & selectors.EVENT_WRITE and not conn.closed:
                             conn.blocked = False
                             self._flush(conn)
-                self._pump()
                 now = time.monotonic()
+                if self._inbox and now >= next_send:
+                    self._fan_out()
+                    next_send = now + self.flush_interval
+                self._answer()
+                for conn in list(self._conns.values()):
+                    if conn.has_output() and not conn.blocked:  # a stalled one costs nothing
+                        self._flush(conn)
                 if now - last_sweep >= 0.5:
                     self._sweep(now)
                     last_sweep = now
@@ -317,10 +331,28 @@ class Server:
                     log.error("rank %d: telemetry server stopped after repeated errors", self.rank)
                     break
                 time.sleep(0.05)
+        else:
+            self._last_words()
         self._close_all()
 
+    def _last_words(self, grace: float = 0.5) -> None:
+        """On close, send what is queued (the run's `stopped` event, say) for up to `grace` s."""
+        try:
+            self._fan_out()
+            self._answer()
+            end = time.monotonic() + grace
+            while time.monotonic() < end:
+                waiting = [c for c in self._conns.values() if c.has_output()]
+                if not waiting:
+                    return
+                for conn in waiting:
+                    conn.blocked = False
+                    self._flush(conn)
+                self._sel.select(min(0.05, max(0.0, end - time.monotonic())))
+        except Exception:  # closing anyway
+            log.exception("rank %d: telemetry server error while closing", self.rank)
+
     def _drain_wake(self) -> None:
-        self._wake_pending = False
         try:
             while self._wake_r.recv(4096):
                 pass
@@ -430,10 +462,11 @@ class Server:
     def _resolved(self, conn: _Conn, cmd_id: int, future: Future) -> None:
         # Any thread (usually the training thread): hand over and wake, nothing more.
         self._replies.append((conn, cmd_id, future))
-        self._wake()
+        self._kick()  # replies do not wait for the next batch
 
-    def _pump(self) -> None:
-        """Encode queued records once each, keep history, fan out; then queue replies."""
+    def _fan_out(self) -> None:
+        """Encode queued records once each, keep them as history, queue them to everyone."""
+        self._wake_pending = False  # before draining: see publish()
         inbox = self._inbox
         while inbox:
             try:
@@ -452,14 +485,14 @@ class Server:
                 continue
             for conn in self._conns.values():
                 conn.push(data)
+
+    def _answer(self) -> None:
+        """Queue the replies of commands the training loop has resolved."""
         while self._replies:
             conn, cmd_id, future = self._replies.popleft()
             conn.inflight -= 1
             if not conn.closed:
                 self._reply(conn, _reply_for(cmd_id, future), flush=False)
-        for conn in list(self._conns.values()):
-            if conn.has_output() and not conn.blocked:  # a stalled one costs no syscall
-                self._flush(conn)
 
     def _reply(self, conn: _Conn, reply: Reply, flush: bool = True) -> None:
         conn.ctl.append(protocol.encode(reply))

@@ -36,7 +36,7 @@ def aio(fn):
     return wrapper
 
 
-async def until(pilot, pred, timeout: float = 5.0) -> None:
+async def until(pilot, pred, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
@@ -295,8 +295,12 @@ async def test_replay_app_steps_and_blocks_commands(tmp_path):
     app = FleetApp(feed)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("space")  # pause the playback
-        await pilot.pause(0.1)
-        step = app.state.step()
+        step = None
+        for _ in range(30):  # a record already in flight may still land: wait until still
+            await pilot.pause(0.1)
+            if app.state.step() == step:
+                break
+            step = app.state.step()
         await pilot.press("n")
         await until(pilot, lambda: app.state.step() == step + 1)
         await pilot.press("plus")

@@ -100,7 +100,14 @@ def live(tmp_path_factory):
     logging.getLogger("telemetry").addHandler(errors)
     queue = CommandQueue()
     run = tmp_path_factory.mktemp("fuzz")
-    hub = Hub(run_dir=run, hello=synthetic.hello(), port=ANY_PORT, commands=queue, key=KEY)
+    hub = Hub(
+        run_dir=run,
+        hello=synthetic.hello(),
+        port=ANY_PORT,
+        commands=queue,
+        key=KEY,
+        flush_interval=0,  # each record at once: the checks wait for one
+    )
     hub.start()
     yield hub, queue, errors, itertools.count(1)
     hub.close()

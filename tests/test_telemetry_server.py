@@ -33,6 +33,7 @@ def make_hub(tmp_path):
     def make(rank: int = 0, world: int = 2, **kw) -> Hub:
         kw.setdefault("port", ANY_PORT)
         kw.setdefault("log", False)
+        kw.setdefault("flush_interval", 0)  # each record at once: keeps the tests quick
         hub = Hub(run_dir=tmp_path, hello=synthetic.hello(rank, world), **kw).start()
         hubs.append(hub)
         return hub
@@ -169,6 +170,33 @@ def test_subscriber_that_never_reads_does_not_hold_back_the_run(make_hub):
     steps = [m.step for m in got if isinstance(m, Update)]
     assert steps == sorted(steps) and len(steps) < n  # lost its oldest, kept the newest
     assert len(steps) + sum(d.count for d in drops) <= n + n // 3
+
+
+def test_batched_sending_keeps_order_and_every_record(make_hub):
+    hub = make_hub(flush_interval=0.05)
+    client = connect(hub)
+    for step in range(1, 301):
+        hub.on_update(synthetic.update(step))
+        if step % 50 == 0:
+            hub.on_event(Event("eval", 0, step, data={"val_loss": 1.0}))
+    got = read_until(client, last_step(300))
+    assert [m.step for m in got if isinstance(m, Update)] == list(range(1, 301))
+    assert [m.step for m in got if isinstance(m, Event)] == [50, 100, 150, 200, 250]
+
+
+def test_records_queued_at_close_still_go_out(make_hub):
+    hub = make_hub(flush_interval=5.0)  # nothing would go out for seconds on its own
+    client = connect(hub)
+    hub.on_update(synthetic.update(1))  # sent at once: the first after a quiet spell
+    hub.on_event(Event("stopped", 0, 2, data={"checkpoint": "ckpt-2"}))  # waits for a batch
+    hub.close()
+    got = []
+    with pytest.raises(ConnectionLost):
+        while True:
+            msg = client.recv(5)
+            assert msg is not None
+            got.append(msg)
+    assert [m.type for m in got] == ["update", "event"] and got[-1].kind == "stopped"
 
 
 def test_set_hello_reaches_new_connections(make_hub):

@@ -94,6 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--run-dir", default="", help="where runs and tables go (default: runs/)")
     bal.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    tel = sub.add_parser(
+        "telemetry",
+        help="telemetry overhead, memory with a stalled subscriber, and the 10k-input fuzz",
+        description="Telemetry's own benchmarks (telemetry/bench.py).",
+    )
+    from telemetry.bench import add_arguments as telemetry_arguments
+
+    telemetry_arguments(tel)
+
     # The worker that measures one configuration in its own process (internal).
     worker = sub.add_parser("_worker")
     _model_args(worker, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
@@ -118,6 +127,10 @@ def main(args: argparse.Namespace) -> int:
         return memory(args)
     if args.bench == "throughput":
         return throughput(args)
+    if args.bench == "telemetry":
+        from telemetry.bench import run as telemetry_bench
+
+        return telemetry_bench(args)
     if args.bench == "balance":
         from trainer import balance_bench
 

@@ -249,7 +249,7 @@ def open_telemetry(
 
     rank = cluster.rank
     run_dir = Path(cfg.run_dir)
-    key = auth.create_key(run_dir) if cluster.is_root else None
+    key = auth.ensure_key(run_dir) if cluster.is_root else None  # kept across resumes
     hello = Hello(
         protocol=PROTOCOL_VERSION,
         run_id=run_id(run_dir),

@@ -153,6 +153,7 @@ def train(
                 elif action.name == "rebalance":
                     old, split = split, action.payload
                     state["split"] = split
+                    reporter.set_hello(local_batch=split[rank])
                     reporter.on_event(
                         Event(
                             "rebalanced",
