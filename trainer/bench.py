@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--width", type=int, default=128)
     bal.add_argument("--seq-len", type=int, default=256)
     bal.add_argument("--starting-port", type=int, default=30323, help="ring ports for the runs")
+    bal.add_argument(
+        "--device", choices=("auto", "gpu", "cpu"), default="auto", help="where the ranks compute"
+    )
     bal.add_argument("--run-dir", default="", help="where runs and tables go (default: runs/)")
     bal.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

@@ -30,6 +30,9 @@ class TrainConfig:
     synthetic: bool = _f(False, "random tokens and fresh weights, for benchmarks (no --data)")
     seq_len: int = _f(0, "sequence length (0 = the dataset's; 256 with --synthetic)")
     seed: int = _f(0, "seed for weights, sample order and sampling")
+    device: str = _f(
+        "auto", "auto (the GPU where MLX has one), gpu, or cpu", choices=("auto", "gpu", "cpu")
+    )
     # --- model
     depth: int = _f(4, "transformer blocks")
     width: int = _f(0, "model width (0 = 64 x depth, as nanochat)")

@@ -109,7 +109,9 @@ def open_run(
         tmp.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, run_dir / "config.json")
 
-    # --- memory limits, per rank
+    # --- device, and memory limits per rank
+    if cfg.device != "auto":
+        mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
     notes = memory.apply_limits(
         cfg.per_rank("cache_limit_gb", world, rank),
         cfg.per_rank("memory_limit_gb", world, rank),
