@@ -53,6 +53,8 @@ def run_variant(
         str(total),
         "--collective-timeout",
         "120",
+        "--device",
+        args.device,
     ]
     if args.simulate_slowdown:
         train += ["--simulate-slowdown", args.simulate_slowdown]
