@@ -69,6 +69,7 @@ def run_variant(
         str(args.n),
         "--starting-port",
         str(args.starting_port),
+        *(["--backend", "ring"] if args.device == "cpu" else []),
         "--",
         *train,
     ]
