@@ -183,7 +183,8 @@ class Server:
             if not self.allow_remote:
                 raise TelemetryError(
                     f"rank {self.rank}: refusing to serve telemetry on {host} (not loopback) "
-                    "without allow_remote; reach ranks through SSH port forwarding instead"
+                    "without allow_remote (fleet train --telemetry-remote); reach ranks "
+                    "through SSH port forwarding instead"
                 )
             log.warning(
                 "rank %d: telemetry served on %s: anyone who can reach it sees the run "

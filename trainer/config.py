@@ -92,6 +92,12 @@ class TrainConfig:
     telemetry_port_base: int = _f(
         47800, "rank r serves telemetry on 127.0.0.1:(base + r) (0 = off)"
     )
+    telemetry_bind: str = _f(
+        "127.0.0.1", "address telemetry binds; anything but loopback needs --telemetry-remote"
+    )
+    telemetry_remote: bool = _f(
+        False, "allow a non-loopback --telemetry-bind (anyone who reaches it sees the run)"
+    )
     telemetry_unix_socket: bool = _f(
         False, "also serve telemetry on a Unix socket in the run folder"
     )

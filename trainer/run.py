@@ -266,6 +266,8 @@ def open_telemetry(
     )
     port = cfg.telemetry_port_base + rank if cfg.telemetry_port_base else None
     hub = Hub(
+        bind=cfg.telemetry_bind,
+        allow_remote=cfg.telemetry_remote,
         run_dir=run_dir,
         hello=hello,
         port=port,
@@ -276,7 +278,7 @@ def open_telemetry(
     hub.start()
     if port and cluster.is_root:
         say(
-            f"  telemetry: ranks on 127.0.0.1:{cfg.telemetry_port_base}+rank; "
+            f"  telemetry: ranks on {cfg.telemetry_bind}:{cfg.telemetry_port_base}+rank; "
             f"control key {run_dir / 'control.key'}"
         )
     return FanOut(hub)
