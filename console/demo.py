@@ -121,6 +121,22 @@ def run(args: argparse.Namespace) -> int:
     cache = (args.cache or cache_dir()).expanduser()
     data = cache / DATASET
     run_dir = args.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    base = free_port_base(args.port_base, WORLD)
+    if base is None:
+        print(
+            f"fleet demo: ports {args.port_base}+ are taken, and the next ones too; give "
+            "--port-base",
+            file=sys.stderr,
+        )
+        return 2
+    if base != args.port_base:
+        # Another run (an earlier demo?) serves there: never watch someone else's run.
+        print(
+            f"fleet demo: ports {args.port_base}-{args.port_base + WORLD - 1} are in use; "
+            f"this run serves on {base}+",
+            flush=True,
+        )
+        args.port_base = base
     prep = prepare_command(cache)
     launch = launch_command(data, run_dir, port_base=args.port_base)
     watch = ["fleet", "console", *console_args(run_dir, port_base=args.port_base)]
@@ -183,11 +199,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def free_port_base(start: int, world: int, tries: int = 20) -> int | None:
+    """The first base from `start` (in steps of 100) whose `world` loopback ports are free."""
+    import socket
+
+    for base in range(start, start + 100 * tries, 100):
+        try:
+            for port in range(base, base + world):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    return None
+
+
 def _wait_for_start(proc: subprocess.Popen, run_dir: Path, log_path: Path) -> bool:
-    """Wait until rank 0 has made its control key (it serves by then), or the launch failed."""
+    """Wait until every rank has logged an update (all serve by then), or the launch failed."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    last = run_dir / "telemetry" / f"rank-{WORLD - 1}.arrow"
     while time.monotonic() < deadline:
-        if (run_dir / "control.key").exists():
+        if last.exists() and (run_dir / "control.key").exists():
             return True
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace").splitlines()[-20:]
