@@ -82,3 +82,36 @@ def run_fleet(
             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc
+
+
+def launch_argv(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
+    """`fleet launch -n N -- train --data D --run-dir R ARGS`, ring ports chosen free."""
+    return [
+        sys.executable,
+        "-m",
+        "fleet.cli",
+        "launch",
+        "-n",
+        str(n),
+        "--starting-port",
+        str(free_port(n + 1)),
+        "--",
+        "train",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        *train_args,
+    ]
+
+
+def spawn_launch(n: int, data: Path, run: Path, *train_args: str, **popen) -> subprocess.Popen:
+    """A run of N real local ranks in the background; stderr is piped for its diagnosis."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    return subprocess.Popen(
+        launch_argv(n, data, run, *train_args),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=fleet_env(),
+        **popen,
+    )

@@ -16,7 +16,7 @@ import pytest
 
 from telemetry.auth import read_key
 from telemetry.client import TelemetryClient
-from tests.conftest import fleet_env, free_port
+from tests.conftest import free_port, spawn_launch
 from tests.console_sshd import SSHD, sshd_missing
 from trainer import checkpoint
 
@@ -40,41 +40,14 @@ def run(tiny_data, tmp_path_factory):
     """Two real ranks training until stopped; yields (run folder, telemetry port base)."""
     run_dir = tmp_path_factory.mktemp("real") / "run"
     base = free_port(4)
-    argv = [
-        sys.executable,
-        "-m",
-        "fleet.cli",
-        "launch",
-        "-n",
-        "2",
-        "--starting-port",
-        str(free_port(3)),
-        "--",
-        "train",
-        "--data",
-        str(tiny_data),
-        "--run-dir",
-        str(run_dir),
-        "--depth",
-        "2",
-        "--width",
-        "64",
-        "--heads",
-        "2",
-        "--local-batches",
-        "3,1",
-        "--updates",
-        "100000",
-        "--simulate-slowdown",
-        "1,3",
-        "--telemetry-port-base",
-        str(base),
-        "--collective-timeout",
-        "120",
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=fleet_env()
+    # fmt: off
+    proc = spawn_launch(
+        2, tiny_data, run_dir, "--depth", "2", "--width", "64", "--heads", "2",
+        "--local-batches", "3,1", "--updates", "100000", "--simulate-slowdown", "1,3",
+        "--telemetry-port-base", str(base), "--collective-timeout", "120",
+        stdout=subprocess.DEVNULL,
     )
+    # fmt: on
     deadline = time.monotonic() + 120
     while not (run_dir / "control.key").exists() or not list(
         (run_dir / "telemetry").glob("rank-1*.arrow")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from telemetry.arrowlog import read_events, read_updates
 from telemetry.auth import read_key
 from telemetry.client import TelemetryClient
 from telemetry.errors import TelemetryError
-from tests.conftest import fleet_env, free_port
+from tests.conftest import spawn_launch
 from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -33,21 +31,10 @@ def _connect(port: int, key: bytes | None = None, timeout: float = 60) -> Teleme
 
 def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
     run = tmp_path / "run"
-    argv = [
-        sys.executable,
-        "-m",
-        "fleet.cli",
-        "launch",
-        "-n",
-        "3",
-        "--starting-port",
-        str(free_port(4)),
-        "--",
-        "train",
-        "--data",
-        str(tiny_data),
-        "--run-dir",
-        str(run),
+    proc = spawn_launch(
+        3,
+        tiny_data,
+        run,
         "--depth",
         "2",
         "--width",
@@ -62,9 +49,6 @@ def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
         str(port_base),
         "--collective-timeout",
         "60",
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=fleet_env()
     )
     try:
         ctl = _connect(port_base)

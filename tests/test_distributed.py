@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import fleet_env, free_port, run_fleet
+from tests.conftest import free_port, run_fleet, spawn_launch
 from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -143,30 +142,8 @@ def _rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
 
 
 def _start(tiny_data: Path, run: Path, *extra: str) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "fleet.cli",
-        "launch",
-        "-n",
-        "3",
-        "--starting-port",
-        str(free_port(4)),
-        "--",
-        "train",
-        "--data",
-        str(tiny_data),
-        "--run-dir",
-        str(run),
-        *TINY,
-        "--local-batches",
-        "2,2,2",
-        "--updates",
-        "100000",
-        *extra,
-    ]
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=fleet_env()
+    return spawn_launch(
+        3, tiny_data, run, *TINY, "--local-batches", "2,2,2", "--updates", "100000", *extra
     )
 
 
