@@ -84,12 +84,9 @@ def run_fleet(
     return proc
 
 
-def launch_argv(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
-    """`fleet launch -n N -- train --data D --run-dir R ARGS`, ring ports chosen free."""
+def launch_args(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
+    """`launch -n N -- train --data D --run-dir R ARGS` (fleet's arguments), free ring ports."""
     return [
-        sys.executable,
-        "-m",
-        "fleet.cli",
         "launch",
         "-n",
         str(n),
@@ -108,10 +105,5 @@ def launch_argv(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
 def spawn_launch(n: int, data: Path, run: Path, *train_args: str, **popen) -> subprocess.Popen:
     """A run of N real local ranks in the background; stderr is piped for its diagnosis."""
     popen.setdefault("stdout", subprocess.PIPE)
-    return subprocess.Popen(
-        launch_argv(n, data, run, *train_args),
-        stderr=subprocess.PIPE,
-        text=True,
-        env=fleet_env(),
-        **popen,
-    )
+    argv = [sys.executable, "-m", "fleet.cli", *launch_args(n, data, run, *train_args)]
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=fleet_env(), **popen)

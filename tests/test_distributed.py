@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import free_port, run_fleet, spawn_launch
+from tests.conftest import free_port, launch_args, run_fleet, spawn_launch
 from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -33,22 +33,7 @@ TINY = [
 
 
 def launch(n: int, data: Path, run: Path, *train_args: str, check: bool = True):
-    return run_fleet(
-        "launch",
-        "-n",
-        str(n),
-        "--starting-port",
-        str(free_port(n + 1)),
-        "--",
-        "train",
-        "--data",
-        str(data),
-        "--run-dir",
-        str(run),
-        *TINY,
-        *train_args,
-        check=check,
-    )
+    return run_fleet(*launch_args(n, data, run, *TINY, *train_args), check=check)
 
 
 def single(data: Path, run: Path, *train_args: str):
