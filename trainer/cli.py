@@ -56,7 +56,7 @@ def train(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
     from trainer import checkpoint
-    from trainer.config import FIELDS, ConfigError, load_file, resolve
+    from trainer.config import FIELDS, ConfigError, explicit, resolve
     from trainer.data import DatasetError
     from trainer.distributed import Cluster
     from trainer.tokenizer import TokenizerError
@@ -75,8 +75,7 @@ def train(args: argparse.Namespace) -> int:
         return 3
     who = f"fleet train: rank {cluster.rank}" if cluster.size > 1 else "fleet train"
     try:
-        given = load_file(args.config) if args.config else {}
-        given.update({k: v for k, v in vars(args).items() if k in FIELDS})
+        given = explicit(args)
         resume_path, base = None, None
         which = given.get("resume", "")
         if which:

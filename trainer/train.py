@@ -152,7 +152,7 @@ def train(
                     Controller.answer(action, step, path=str(last_saved or ""))
                 elif action.name == "rebalance":
                     old, split = split, action.payload
-                    state["split"] = split
+                    state["split"] = run.identity["split"] = split
                     reporter.set_hello(local_batch=split[rank])
                     reporter.on_event(
                         Event(
