@@ -19,7 +19,6 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from console.feed import Feed, Inbox
-from console.links import LinkStatus
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
 from console.screens import (
     ConfirmScreen,
@@ -30,7 +29,6 @@ from console.screens import (
 )
 from console.state import FleetState
 from console.widgets import EventLog, LossChart, RankTable, RunHeader
-from telemetry.records import Message
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
 
@@ -133,11 +131,7 @@ class FleetApp(App[int]):
     # --- data in -----------------------------------------------------------------------------
 
     def on_feed_ready(self, _: FeedReady) -> None:
-        for rank, item in self.inbox.drain():
-            if isinstance(item, LinkStatus):
-                self.state.set_link(item)
-            elif isinstance(item, Message):
-                self.state.apply(rank, item)
+        self.state.absorb(self.inbox.drain())
         self._dirty = True
 
     def _replay_tick(self) -> None:

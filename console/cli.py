@@ -147,7 +147,6 @@ def _replay(args: argparse.Namespace) -> int:
     if args.once:
         from console import once
         from console.feed import Inbox
-        from console.links import LinkStatus
         from console.state import FleetState
 
         state = FleetState(feed.targets, clock=lambda: feed.clock)
@@ -155,11 +154,7 @@ def _replay(args: argparse.Namespace) -> int:
         feed.attach(inbox)
         feed.start()
         feed.finish()
-        for rank, item in inbox.drain():
-            if isinstance(item, LinkStatus):
-                state.set_link(item)
-            else:
-                state.apply(rank, item)
+        state.absorb(inbox.drain())
         if args.json:
             once.print_json(state, sys.stdout)
         else:

@@ -37,11 +37,7 @@ def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
         while True:
             woke.wait(0.1)
             woke.clear()
-            for rank, item in inbox.drain():
-                if isinstance(item, LinkStatus):
-                    state.set_link(item)
-                else:
-                    state.apply(rank, item)
+            state.absorb(inbox.drain())
             now = time.monotonic()
             if all(v.last is not None or _refused_for_good(v.link) for v in state.ranks):
                 break

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,14 @@ class FleetState:
             )
         view.version += 1
         self.version += 1
+
+    def absorb(self, items: Iterable[tuple[int, Any]]) -> None:
+        """Take what the links delivered: (rank, message or link status) pairs, in order."""
+        for rank, item in items:
+            if isinstance(item, LinkStatus):
+                self.set_link(item)
+            elif isinstance(item, Message):
+                self.apply(rank, item)
 
     def set_link(self, status: LinkStatus) -> None:
         """Take a link state change; refusals and losses go to the log once each."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from console.hostfile import RankTarget
@@ -12,6 +13,20 @@ from telemetry.records import Event, Hello, Message, Reply, Update
 GiB = 2**30
 T0 = 1_700_000_000.0  # a fixed wall time, so clocks shown are the same on every run
 HOSTS = ["studio", "mini-1", "mini-2", "air"]
+
+
+def log_text(app) -> str:
+    """The console's event log as plain text."""
+    return "\n".join(line.text for line in app.state.log_lines)
+
+
+async def until(pilot, pred, timeout: float = 30.0) -> None:
+    """Let the app run until `pred()` holds; fail with the event log after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in time; log:\n{log_text(pilot.app)}")
+        await pilot.pause(0.02)
 
 
 def hello(rank: int, world: int = 4, *, batch: int = 2, run_id: str = "demo-run") -> Hello:

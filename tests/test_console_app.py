@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 
 import pytest
 from textual.widgets import Input
@@ -21,7 +20,7 @@ from console.screens import (
 )
 from console.widgets import EventLog, RankTable, RunHeader
 from telemetry.records import Event
-from tests.console_fakes import T0, FakeFeed, straggler_fleet
+from tests.console_fakes import T0, FakeFeed, log_text, straggler_fleet, until
 
 SIZE = (100, 30)
 
@@ -34,18 +33,6 @@ def aio(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
-
-
-async def until(pilot, pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(0.02)
-
-
-def log_text(app: FleetApp) -> str:
-    return "\n".join(line.text for line in app.state.log_lines)
 
 
 async def started(pilot, feed: FakeFeed, **kw) -> None:

@@ -17,6 +17,7 @@ import pytest
 from telemetry.auth import read_key
 from telemetry.client import TelemetryClient
 from tests.conftest import free_port, spawn_launch
+from tests.console_fakes import log_text, until
 from tests.console_sshd import SSHD, sshd_missing
 from trainer import checkpoint
 
@@ -133,25 +134,18 @@ def test_console_pauses_and_checkpoints_a_real_run_over_ssh(tmp_path, sshd, run,
     )
     feed = build_feed(args)
 
-    def log(app):
-        return "\n".join(line.text for line in app.state.log_lines)
-
-    async def until(pilot, pred, timeout=60.0):
-        deadline = time.monotonic() + timeout
-        while not pred():
-            assert time.monotonic() < deadline, f"timed out; log:\n{log(pilot.app)}"
-            await pilot.pause(0.05)
-
     async def scenario():
         app = FleetApp(feed)
         async with app.run_test(size=(100, 30)) as pilot:
             await until(pilot, lambda: app.state.live_count() == 2 and app.state.step() > 0)
             await pilot.press("p", "y")
-            await until(pilot, lambda: "pause: applied at update" in log(app) and app.state.paused)
+            await until(
+                pilot, lambda: "pause: applied at update" in log_text(app) and app.state.paused
+            )
             await pilot.press("c", "y")
-            await until(pilot, lambda: "checkpoint: applied at update" in log(app))
+            await until(pilot, lambda: "checkpoint: applied at update" in log_text(app))
             await pilot.press("p", "y")
-            await until(pilot, lambda: "resume: applied" in log(app) and not app.state.paused)
+            await until(pilot, lambda: "resume: applied" in log_text(app) and not app.state.paused)
             step = app.state.step()
             await until(pilot, lambda: app.state.step() > step)  # training goes on
             await pilot.press("q")

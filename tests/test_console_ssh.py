@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.console_fakes import log_text, until
 from tests.console_sshd import SSHD, FakeRanks, fingerprint, free_port_base, keygen, sshd_missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,15 +114,6 @@ def test_app_link_layer_pauses_and_checkpoints_over_ssh(tmp_path, sshd, ranks, m
     )
     feed = build_feed(args)
 
-    def log(app):
-        return "\n".join(ln.text for ln in app.state.log_lines)
-
-    async def until(pilot, pred, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while not pred():
-            assert time.monotonic() < deadline, "timed out"
-            await pilot.pause(0.05)
-
     async def scenario():
         app = FleetApp(feed)
         async with app.run_test(size=(100, 30)) as pilot:
@@ -130,12 +121,14 @@ def test_app_link_layer_pauses_and_checkpoints_over_ssh(tmp_path, sshd, ranks, m
             # One SSH connection per host, shared by its ranks (rankhost carries ranks 0 and 2).
             assert feed.connector.pool.hosts() == ["jumped", "rankhost"]
             await pilot.press("p", "y")
-            await until(pilot, lambda: "pause: applied at update" in log(app) and app.state.paused)
+            await until(
+                pilot, lambda: "pause: applied at update" in log_text(app) and app.state.paused
+            )
             await pilot.press("c", "y")
-            await until(pilot, lambda: "checkpoint: applied at update" in log(app))
-            await until(pilot, lambda: "checkpoint ckpt-" in log(app))
+            await until(pilot, lambda: "checkpoint: applied at update" in log_text(app))
+            await until(pilot, lambda: "checkpoint ckpt-" in log_text(app))
             await pilot.press("p", "y")
-            await until(pilot, lambda: "resume: applied" in log(app) and not app.state.paused)
+            await until(pilot, lambda: "resume: applied" in log_text(app) and not app.state.paused)
             step = app.state.step()
             await until(pilot, lambda: app.state.step() > step)  # training goes on
             await pilot.press("q")
