@@ -182,6 +182,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     from trainer.config import TrainConfig
     from trainer.data import SyntheticStream
+    from trainer.memory import device_name
     from trainer.model import GPT, ModelConfig
     from trainer.optim import make_optimizer
     from trainer.step import Stepper, zeros_f32
@@ -233,7 +234,7 @@ def measure(args: argparse.Namespace) -> dict:
     median = float(np.median(times))
     return {
         "framework": "mlx",
-        "device_name": _device_name(),
+        "device_name": device_name(),
         "microsteps_s": float(np.median(micro)),
         "optimizer_s": float(np.median(apply_)),
         "accum_mode": args.accum_mode,
@@ -251,12 +252,6 @@ def measure(args: argparse.Namespace) -> dict:
 
 # Dense bf16 peaks (datasheets) for MFU when --peak-tflops is not given.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
-
-
-def _device_name() -> str:
-    from trainer.memory import device_name
-
-    return device_name()
 
 
 def known_peak(device: str) -> float:
