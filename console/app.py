@@ -83,15 +83,21 @@ class FleetApp(App[int]):
     # --- layout and start-up -----------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield RunHeader()
-        yield RankTable()
+        # Kept by reference, not queried per frame: a timer tick that lands while the app
+        # shuts down (widgets already removed) must redraw into detached widgets, not raise.
+        self.header = RunHeader()
+        self.table = RankTable()
+        self.chart = LossChart()
+        self.log_view = EventLog()
+        yield self.header
+        yield self.table
         with Horizontal(id="lower"):
-            yield LossChart()
-            yield EventLog()
+            yield self.chart
+            yield self.log_view
         yield Footer()
 
     def on_mount(self) -> None:
-        header = self.query_one(RunHeader)
+        header = self.header
         badges = []
         if self.feed.replay:
             badges.append("REPLAY")
@@ -146,16 +152,16 @@ class FleetApp(App[int]):
         self._last_now = now
         self._dirty = False
         self.frames += 1
-        self.query_one(RunHeader).info = self.state.header()
-        self.query_one(RankTable).show(self.state, now)
-        chart = self.query_one(LossChart)
+        self.header.info = self.state.header()
+        self.table.show(self.state, now)
         version = self.state.loss.version + self.state.evals.version * 1_000_003
         if version != self._last_chart:
             self._last_chart = version
-            chart.set_series(self.state.loss.all(), self.state.evals.all())
-        self.query_one(EventLog).add(list(self.state.log_lines))
-        if isinstance(self.screen, RankDetailScreen):
-            self.screen.show(self.state, now)
+            self.chart.set_series(self.state.loss.all(), self.state.evals.all())
+        self.log_view.add(list(self.state.log_lines))
+        top = self.screen_stack[-1] if self.screen_stack else None
+        if isinstance(top, RankDetailScreen):
+            top.show(self.state, now)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -303,4 +309,4 @@ class FleetApp(App[int]):
         self._update_replay_badge()
 
     def _update_replay_badge(self) -> None:
-        self.query_one(RunHeader).badges = (self.feed.badge(),)  # type: ignore[attr-defined]
+        self.header.badges = (self.feed.badge(),)  # type: ignore[attr-defined]

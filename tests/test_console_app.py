@@ -64,6 +64,20 @@ async def test_panes_show_the_fleet(feed):
         await until(pilot, lambda: app.query_one(RunHeader).info.step == 25)
 
 
+@aio
+async def test_a_frame_during_shutdown_does_not_raise(feed):
+    # The redraw timer can tick once more while the app tears its widgets down (a CI run
+    # failed so); a frame then must be harmless.
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RankDetailScreen)
+    frames = app.frames
+    app._frame(force=True)
+    assert app.frames == frames + 1
+
+
 @pytest.mark.parametrize(
     "key, cmd",
     [("c", "checkpoint"), ("p", "pause"), ("s", "stop")],
