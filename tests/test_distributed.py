@@ -54,9 +54,9 @@ def assert_same_weights(a: dict, b: dict) -> None:
 def test_any_split_of_the_global_batch_gives_the_same_update(tiny_data, tmp_path):
     both = ("--updates", "2", "--checkpoint-every", "1")
     single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
-    for split in ("3,2,1", "1,2,3"):
+    for split, buckets in (("3,2,1", "0"), ("1,2,3", "0.05")):  # one bucket, then many
         run = tmp_path / split.replace(",", "-")
-        launch(3, tiny_data, run, "--local-batches", split, *both)
+        launch(3, tiny_data, run, "--local-batches", split, "--allreduce-bucket-mb", buckets, *both)
         for step in (1, 2):
             assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))
     # The updates really moved every weight (zero-initialized projections move in update 1,
@@ -196,3 +196,28 @@ def _drain(proc: subprocess.Popen) -> str:
             break
         chunks.append(data.decode(errors="replace"))
     return "".join(chunks)
+
+
+def test_bench_balance_measures_scaling_and_allreduce_bandwidth(tmp_path):
+    import json
+
+    from trainer.model import GPT, ModelConfig
+
+    proc = run_fleet(
+        *("bench", "balance", "-n", "2", "--variant", "2,2", "--scaling", "--json"),
+        *("--depth", "1", "--width", "64", "--heads", "2", "--vocab", "256", "--seq-len", "32"),
+        *("--updates", "2", "--warmup", "1", "--device", "cpu", "--run-dir", str(tmp_path)),
+        *("--starting-port", str(free_port()), "--train-args=--allreduce-bucket-mb 0.01"),
+    )
+    out = json.loads(proc.stdout)
+    (row,) = out["variants"]
+    assert row["split"] == [2, 2] and len(row["transfer_s"]) == 2 == len(row["optimizer_s"])
+    params = GPT(ModelConfig.from_sizes(depth=1, width=64, heads=2, vocab=256, seq_len=32))
+    assert row["allreduce"]["bytes"] == 4 * params.num_params()
+    assert row["allreduce"]["busbw_GBps"] > 0
+    scaling = out["scaling"]
+    assert scaling["one_rank_split"] == [2]
+    assert scaling["speedup"] == row["tokens_per_s"] / scaling["one_rank_tokens_per_s"]
+    # The baseline ran the same loop on one rank: its own run folder and Arrow log exist.
+    assert (tmp_path / "one-rank-2").is_dir()
+    assert (tmp_path / "balance.csv").read_text().count("\n") == 2

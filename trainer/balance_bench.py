@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def splits_of(total: int, parts: int) -> list[list[int]]:
 def run_variant(
     args: argparse.Namespace, split: list[int], run_dir: Path, cache_gb: str = ""
 ) -> dict:
-    """One synthetic run on -n local ranks with this split; its figures from the Arrow logs."""
+    """One synthetic run on len(split) local ranks; its figures from the Arrow logs."""
+    n = len(split)
     total = args.warmup + args.updates
     train = [
         "train",
@@ -37,10 +39,18 @@ def run_variant(
         str(args.depth),
         "--width",
         str(args.width),
+        "--heads",
+        str(args.heads),
+        "--vocab",
+        str(args.vocab),
         "--seq-len",
         str(args.seq_len),
+        "--precision",
+        args.precision,
         "--local-batches",
         ",".join(map(str, split)),
+        "--accum",
+        str(args.accum),
         "--updates",
         str(total),
         "--run-dir",
@@ -52,54 +62,92 @@ def run_variant(
         "--log-every",
         str(total),
         "--collective-timeout",
-        "120",
+        "300",
         "--device",
         args.device,
     ]
-    if args.simulate_slowdown:
+    if args.simulate_slowdown and n == args.n:
         train += ["--simulate-slowdown", args.simulate_slowdown]
     if cache_gb:
         train += ["--cache-limit-gb", cache_gb]
-    cmd = [
-        sys.executable,
-        "-m",
-        "fleet.cli",
-        "launch",
-        "-n",
-        str(args.n),
-        "--starting-port",
-        str(args.starting_port),
-        *(["--backend", "ring"] if args.device == "cpu" else []),
-        "--",
-        *train,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=preload_env())
+    train += shlex.split(args.train_args)
+    env = preload_env()
+    if n == 1:  # the scaling baseline: the same loop, no launcher, no collectives
+        env.update(e.split("=", 1) for e in args.env)
+        cmd = [sys.executable, "-m", "fleet.cli", *train]
+    else:
+        backend = args.backend or ("ring" if args.device == "cpu" else "")
+        cmd = [
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "launch",
+            "-n",
+            str(n),
+            "--starting-port",
+            str(args.starting_port),
+            *(["--backend", backend] if backend else []),
+            *[a for e in args.env for a in ("--env", e)],
+            "--",
+            *train,
+        ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"variant {split} failed:\n{proc.stderr[-3000:]}")
-    ranks = [read_updates(run_dir, r).to_pydict() for r in range(args.n)]
+    ranks = [read_updates(run_dir, r).to_pydict() for r in range(n)]
     counted = [i for i, step in enumerate(ranks[0]["step"]) if step > args.warmup]
-    slowest = [max(ranks[r]["update_s"][i] for r in range(args.n)) for i in counted]
+    slowest = [max(ranks[r]["update_s"][i] for r in range(n)) for i in counted]
     median = statistics.median(slowest)
     global_tokens = ranks[0]["update_tokens"][counted[0]]
+
+    def per_rank(column: str) -> list[float]:
+        return [statistics.median(ranks[r][column][i] for i in counted) for r in range(n)]
+
     return {
         "split": split,
         "cache_limit_gb": cache_gb,
         "update_s": median,
         "tokens_per_s": global_tokens / median,
-        "compute_s": [
-            statistics.median(ranks[r]["compute_s"][i] for i in counted) for r in range(args.n)
-        ],
-        "wait_s": [
-            statistics.median(ranks[r]["wait_s"][i] for i in counted) for r in range(args.n)
-        ],
-        "peak_mem": [max(ranks[r]["peak_mem"][i] for i in counted) for r in range(args.n)],
+        "compute_s": per_rank("compute_s"),
+        "wait_s": per_rank("wait_s"),
+        "transfer_s": per_rank("transfer_s"),
+        "optimizer_s": per_rank("optimizer_s"),
+        "peak_mem": [max(ranks[r]["peak_mem"][i] for i in counted) for r in range(n)],
         "samples": [
             [
                 balance.RankSample(split[r], ranks[r]["compute_s"][i], ranks[r]["peak_mem"][i])
                 for i in counted
             ]
-            for r in range(args.n)
+            for r in range(n)
         ],
+    }
+
+
+def gradient_bytes(args: argparse.Namespace) -> int:
+    """Bytes one rank all-reduces per update: FP32 gradients of every weight (lazy arrays: the
+    model is described, never materialized)."""
+    from trainer.model import GPT, ModelConfig
+    from trainer.run import SYNTHETIC_VOCAB
+
+    mcfg = ModelConfig.from_sizes(
+        depth=args.depth,
+        width=args.width,
+        heads=args.heads,
+        vocab=args.vocab or SYNTHETIC_VOCAB,
+        seq_len=args.seq_len,
+    )
+    return 4 * GPT(mcfg).num_params()
+
+
+def bandwidth(nbytes: int, seconds: float, ranks: int) -> dict:
+    """All-reduce bandwidth as nccl-tests states it: algorithm bandwidth (bytes / time) and bus
+    bandwidth (x 2(n-1)/n, comparable across rank counts and with the link's figure)."""
+    alg = nbytes / seconds if seconds > 0 else 0.0
+    return {
+        "bytes": nbytes,
+        "time_s": seconds,
+        "algbw_GBps": alg / 1e9,
+        "busbw_GBps": alg * 2 * (ranks - 1) / ranks / 1e9,
     }
 
 
@@ -147,9 +195,37 @@ def main(args: argparse.Namespace) -> int:
     if args.all:
         for split in splits_of(gb, args.n):
             measure(split, "exhaustive")
+    scaling = None
+    if args.scaling and args.n > 1:
+        if gb % args.n:
+            print(
+                f"fleet bench balance: error: --scaling needs a global batch divisible by {args.n}",
+                file=sys.stderr,
+            )
+            return 2
+        per_rank = gb // args.n
+        err.print(f"measuring the scaling baseline: one rank, local batch {per_rank}...")
+        one = run_variant(args, [per_rank], root / f"one-rank-{per_rank}")
+        many = measure(even, "even")
+        scaling = {
+            "one_rank_split": [per_rank],
+            "one_rank_tokens_per_s": one["tokens_per_s"],
+            "one_rank_update_s": one["update_s"],
+            "one_rank_peak_mem": one["peak_mem"][0],
+            "one_rank_compute_s": one["compute_s"][0],
+            "one_rank_optimizer_s": one["optimizer_s"][0],
+            "ranks": args.n,
+            "ranks_tokens_per_s": many["tokens_per_s"],
+            "speedup": many["tokens_per_s"] / one["tokens_per_s"],
+            "efficiency": many["tokens_per_s"] / one["tokens_per_s"] / args.n,
+        }
 
     rows = sorted(results.values(), key=lambda r: -r["tokens_per_s"])
     best = rows[0]
+    if args.n > 1:
+        nbytes = gradient_bytes(args)
+        for r in rows:  # the slowest rank's all-reduce: the one every rank waited for
+            r["allreduce"] = bandwidth(nbytes, max(r["transfer_s"]), args.n)
     even_row = results.get((tuple(even), ""))
     summary = {
         "ranks": args.n,
@@ -158,6 +234,7 @@ def main(args: argparse.Namespace) -> int:
         "variants": [{k: v for k, v in r.items() if k != "samples"} for r in rows],
         "best": best["split"],
         "proposal": proposal.to_dict() if proposal else None,
+        "scaling": scaling,
         "run_dir": str(root),
     }
     if proposal:
@@ -173,7 +250,8 @@ def main(args: argparse.Namespace) -> int:
         title=f"{args.n} ranks, global batch {gb}"
         + (f", simulated slowdown {args.simulate_slowdown}" if args.simulate_slowdown else "")
     )
-    for col in ("split", "from", "update", "tokens/s", "compute ms", "wait ms"):
+    cols = ("split", "from", "update", "tokens/s", "compute ms", "wait ms", "transfer ms")
+    for col in (*cols, "all-reduce busbw"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
@@ -183,8 +261,16 @@ def main(args: argparse.Namespace) -> int:
             f"{r['tokens_per_s']:,.0f}",
             " ".join(f"{c * 1000:.0f}" for c in r["compute_s"]),
             " ".join(f"{w * 1000:.0f}" for w in r["wait_s"]),
+            " ".join(f"{t * 1000:.1f}" for t in r["transfer_s"]),
+            f"{r['allreduce']['busbw_GBps']:.1f} GB/s" if "allreduce" in r else "-",
         )
     Console().print(table)
+    if scaling:
+        print(
+            f"scaling: 1 rank {scaling['one_rank_tokens_per_s']:,.0f} tokens/s -> {args.n} ranks "
+            f"{scaling['ranks_tokens_per_s']:,.0f} tokens/s: {scaling['speedup']:.2f}x "
+            f"({scaling['efficiency']:.0%} efficiency)"
+        )
     if proposal:
         line = f"proposed {proposal.split}: {summary['proposed_vs_best']:.1%} of the best"
         if "proposed_vs_even" in summary:
@@ -208,6 +294,8 @@ def _write_tables(root: Path, rows: list[dict]) -> None:
             "tokens_per_s": r["tokens_per_s"],
             **{f"compute_s_{i}": c for i, c in enumerate(r["compute_s"])},
             **{f"wait_s_{i}": w for i, w in enumerate(r["wait_s"])},
+            **{f"transfer_s_{i}": t for i, t in enumerate(r["transfer_s"])},
+            **{f"optimizer_s_{i}": t for i, t in enumerate(r["optimizer_s"])},
             **{f"peak_mem_{i}": p for i, p in enumerate(r["peak_mem"])},
         }
         for r in rows

@@ -85,14 +85,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also measure every split of the global batch (small batches only)",
     )
+    bal.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also run one rank on the even split's per-rank batch: tokens/s from 1 to n ranks",
+    )
     bal.add_argument("--updates", type=int, default=8, help="counted updates per variant")
     bal.add_argument("--warmup", type=int, default=2, help="updates before counting")
     bal.add_argument("--depth", type=int, default=2)
     bal.add_argument("--width", type=int, default=128)
+    bal.add_argument("--heads", type=int, default=0, help="attention heads (0 = width / 64)")
+    bal.add_argument("--vocab", type=int, default=0, help="vocabulary (0 = the synthetic default)")
     bal.add_argument("--seq-len", type=int, default=256)
+    bal.add_argument("--accum", type=int, default=1, help="microsteps per update")
+    bal.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
     bal.add_argument("--starting-port", type=int, default=30323, help="ring ports for the runs")
     bal.add_argument(
         "--device", choices=("auto", "gpu", "cpu"), default="auto", help="where the ranks compute"
+    )
+    bal.add_argument(
+        "--backend",
+        default="",
+        help="fleet launch --backend (default: ring with --device cpu, else mlx.launch's pick: "
+        "nccl on CUDA)",
+    )
+    bal.add_argument(
+        "--train-args",
+        default="",
+        metavar="ARGS",
+        help='more `fleet train` arguments for every run, e.g. "--allreduce-bucket-mb 32"',
+    )
+    bal.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for every rank (repeatable)",
     )
     bal.add_argument("--run-dir", default="", help="where runs and tables go (default: runs/)")
     bal.add_argument("--json", action="store_true", help="print JSON instead of a table")

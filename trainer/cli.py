@@ -58,7 +58,7 @@ def train(args: argparse.Namespace) -> int:
     from trainer import checkpoint
     from trainer.config import FIELDS, ConfigError, explicit, resolve
     from trainer.data import DatasetError
-    from trainer.distributed import Cluster
+    from trainer.distributed import Cluster, WrongGroup
     from trainer.tokenizer import TokenizerError
     from trainer.train import train as loop
 
@@ -66,9 +66,9 @@ def train(args: argparse.Namespace) -> int:
         cluster = Cluster()
     except RuntimeError as e:  # e.g. the ring backend cannot bind or reach its peers
         rank = os.environ.get("MLX_RANK", "?")
+        hint = "" if isinstance(e, WrongGroup) else " (a port in use? try another --starting-port)"
         print(
-            f"fleet train: rank {rank}: cannot join the distributed group: {e} (a port in "
-            "use? try another `fleet launch --starting-port`)",
+            f"fleet train: rank {rank}: cannot join the distributed group: {e}{hint}",
             file=sys.stderr,
             flush=True,
         )

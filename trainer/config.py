@@ -86,6 +86,9 @@ class TrainConfig:
     resume: str = _f("", "resume from a checkpoint folder, or `latest` in --run-dir")
     # --- distributed, telemetry and diagnosis
     collective_timeout: float = _f(300.0, "exit if no progress for this many seconds (0 = never)")
+    allreduce_bucket_mb: float = _f(
+        0.0, "gradient all-reduce bucket in MiB (0 = the backend's: 1024 on NCCL, else 32)"
+    )
     simulate_slowdown: str = _f(
         "", "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep"
     )
@@ -165,6 +168,7 @@ class TrainConfig:
             "checkpoint_every",
             "keep_checkpoints",
             "eval_samples",
+            "allreduce_bucket_mb",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

@@ -7,12 +7,18 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from functools import reduce
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-BUCKET_BYTES = 32 * 1024**2  # as nn.average_gradients: few large all-reduces beat many small ones
+# Gradients are all-reduced in buckets of this size, each evaluated on its own so that only one
+# bucket's flat copy exists at a time: 32 MiB as nn.average_gradients for ring/JACCL/MPI (a
+# Mac's memory is the run's limit), 1 GiB for NCCL. On two H200s over NVLink 541 MB of FP32
+# gradients took 4.6 ms in 32 MiB buckets and 1.9 ms in one (benchmarks/allreduce.py).
+BUCKET_BYTES = 32 * 1024**2
+BUCKET_BYTES_BY_BACKEND = {"nccl": 1024 * 1024**2}
 
 # Commands travel between ranks as small integer vectors: [code, payload...].
 CODES = {
@@ -31,12 +37,55 @@ class PeerLost(RuntimeError):
     """A collective failed because another rank went away."""
 
 
+class WrongGroup(RuntimeError):
+    """The backend formed a group of another size than the launcher announced."""
+
+
+def backend_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The backend mlx.launch started this rank for, read from the variables it sets.
+
+    `init("any")` guesses, and on CUDA it tries NCCL first, so a ring rank on a CUDA host, or
+    an NCCL rank where MPI is also installed, could join the wrong (or a one-rank) group.
+    """
+    env = os.environ if env is None else env
+    if env.get("FLEET_BACKEND"):
+        return env["FLEET_BACKEND"]
+    if "MLX_IBV_DEVICES" in env or "MLX_JACCL_COORDINATOR" in env:
+        return "jaccl"
+    if "NCCL_HOST_IP" in env and "MLX_WORLD_SIZE" in env:
+        return "nccl"
+    if "MLX_HOSTFILE" in env:
+        return "ring"
+    return "any"
+
+
+def expected_world(env: Mapping[str, str] | None = None) -> int | None:
+    """The world size the launcher announced, where it announces one."""
+    env = os.environ if env is None else env
+    try:
+        return int(env["MLX_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+
+
 class Cluster:
     """The ranks of this run; every method is a no-op collective on a single rank."""
 
     def __init__(self, group: mx.distributed.Group | None = None) -> None:
-        self.group = group if group is not None else mx.distributed.init()
+        if group is None:
+            self.backend = backend_from_env()
+            group = mx.distributed.init(backend=self.backend)
+            expected = expected_world()
+            if expected is not None and group.size() != expected:
+                raise WrongGroup(
+                    f"launched as one of {expected} ranks, but the {self.backend} backend "
+                    f"formed a group of {group.size()} (is this MLX built with that backend?)"
+                )
+        else:
+            self.backend = "given"
+        self.group = group
         self.rank, self.size = self.group.rank(), self.group.size()
+        self.bucket_bytes = BUCKET_BYTES_BY_BACKEND.get(self.backend, BUCKET_BYTES)
 
     @property
     def is_root(self) -> bool:
@@ -51,7 +100,7 @@ class Cluster:
         return out
 
     def sum_gradients(
-        self, grads: dict, scalars: mx.array, bucket_bytes: int = BUCKET_BYTES
+        self, grads: dict, scalars: mx.array, bucket_bytes: int = 0
     ) -> tuple[dict, mx.array]:
         """Sum FP32 gradient trees and a vector of scalars (loss sum, token count) over ranks.
 
@@ -61,6 +110,7 @@ class Cluster:
         """
         if self.size == 1:
             return grads, scalars
+        bucket_bytes = bucket_bytes or self.bucket_bytes
         flat = tree_flatten(grads)
         buckets, current, size = [], [], 0
         for i, (_, g) in enumerate(flat):

@@ -166,6 +166,8 @@ def main(args: argparse.Namespace) -> int:
     env = preload_env()
     threads = max(1, (os.cpu_count() or 1) // world) if not args.hostfile else None
     rank_env = list(args.env)
+    if backend and backend != "any":
+        rank_env.append(f"FLEET_BACKEND={backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
         # N ranks on one machine each default to every core: oversubscription would make
         # every rank look slow. Give each its share.

@@ -245,7 +245,9 @@ def train(
             watchdog.progress("all-reduce")
             t0 = time.perf_counter()
             local_tokens = int(ntok.item())
-            grads, sums = cluster.sum_gradients(acc, mx.stack([loss_sum, ntok]))
+            grads, sums = cluster.sum_gradients(
+                acc, mx.stack([loss_sum, ntok]), int(cfg.allreduce_bucket_mb * 1024**2)
+            )
             mx.eval(grads, sums)
             transfer_s = time.perf_counter() - t0
 
