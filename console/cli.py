@@ -4,6 +4,7 @@ fleet console --hostfile hosts.json --run-dir runs/x      # over SSH, one link p
 fleet console --local -n 4 --run-dir runs/x               # ranks on this machine
 fleet console --hostfile hosts.json --once --json         # one snapshot, then exit
 fleet console --replay runs/x                             # the run again, from its logs
+fleet console --hostfile hosts.json --run-dir runs/x --gather logs/x   # every host's logs here
 fleet demo                                                # a local run and its console
 """
 
@@ -53,6 +54,12 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=15.0, help="with --once: seconds to wait for every rank"
     )
     parser.add_argument("--speed", type=float, default=1.0, help="with --replay: playback speed")
+    parser.add_argument(
+        "--gather",
+        metavar="DEST",
+        help="with --hostfile and --run-dir: copy every rank's telemetry logs into DEST over "
+        "SFTP, for `fleet report DEST` and `--replay DEST`, then exit",
+    )
     ssh = parser.add_argument_group("ssh")
     ssh.add_argument(
         "--accept-new-host-keys",
@@ -89,6 +96,8 @@ def _console(args: argparse.Namespace) -> int:
         raise ValueError("--json goes with --once")
     if args.replay:
         return _replay(args)
+    if args.gather:
+        return _gather(args)
     feed = build_feed(args)
     if args.once:
         from console import once
@@ -119,17 +128,55 @@ def build_feed(args: argparse.Namespace):
         connector = TCPConnector()
     else:
         from console.links import SSHConnector
-        from console.ssh import SSHOptions, SSHPool
 
         targets = hostfile.rank_targets(hostfile.load_hostfile(args.hostfile), args.port_base)
-        options = SSHOptions(
-            config_path=_path(args.ssh_config),
-            known_hosts=_path(args.known_hosts),
-            accept_new=args.accept_new_host_keys,
-            user=args.ssh_user,
-        )
-        connector = SSHConnector(SSHPool(options))
+        connector = SSHConnector(_ssh_pool(args))
     return LiveFeed(targets, connector, run_dir=args.run_dir, read_only=args.read_only)
+
+
+def _ssh_pool(args: argparse.Namespace):
+    from console.ssh import SSHOptions, SSHPool
+
+    options = SSHOptions(
+        config_path=_path(args.ssh_config),
+        known_hosts=_path(args.known_hosts),
+        accept_new=args.accept_new_host_keys,
+        user=args.ssh_user,
+    )
+    return SSHPool(options)
+
+
+def _gather(args: argparse.Namespace) -> int:
+    from console import gather, hostfile
+
+    if not args.hostfile:
+        raise ValueError(
+            "--gather fetches logs from a hostfile's hosts; with --local they are already in "
+            "--run-dir (fleet report RUN)"
+        )
+    if not args.run_dir:
+        raise ValueError("--gather needs --run-dir RUN, the run folder on the ranks' hosts")
+    targets = hostfile.rank_targets(hostfile.load_hostfile(args.hostfile), args.port_base)
+    dest = Path(args.gather)
+    pool = _ssh_pool(args)
+    try:
+        copied, problems = gather.gather(
+            pool, targets, args.run_dir, dest, say=lambda line: print(line, file=sys.stderr)
+        )
+    except gather.GatherError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        pool.close()
+    fetched = [c for c in copied if c.fetched]
+    size = sum(c.size for c in fetched) / 1024**2
+    print(
+        f"gathered {len(fetched)} log files ({size:.1f} MiB; {len(copied) - len(fetched)} "
+        f"unchanged) from {len({c.host for c in copied})} hosts into {dest}: "
+        f"fleet report {dest}"
+    )
+    for p in problems:
+        print(f"fleet console: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _path(p: str | None) -> Path | None:

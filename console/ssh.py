@@ -15,6 +15,7 @@ import getpass
 import hashlib
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,6 +330,46 @@ class SSHPool:
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise Unreachable(f"{host}: cannot read {path}: {e}") from None
+
+    def list_dir(self, host: str, path: str) -> dict[str, int]:
+        """The plain files in a folder on `host` and their sizes (home-relative like read_file)."""
+        client = self.client(host)
+        remote = path.removeprefix("~/")
+        try:
+            with client.open_sftp() as sftp:
+                return {
+                    a.filename: a.st_size or 0
+                    for a in sftp.listdir_attr(remote)
+                    if a.st_mode is not None and stat.S_ISREG(a.st_mode)
+                }
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{host}:{path} does not exist") from None
+        except PermissionError:
+            raise PermissionError(f"{host}:{path} cannot be read") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.forget(host)
+            raise Unreachable(f"{host}: cannot list {path}: {e}") from None
+
+    def download(self, host: str, path: str, local: Path) -> int:
+        """Copy one file from `host` to `local` (streamed; all or nothing); returns its bytes."""
+        client = self.client(host)
+        remote = path.removeprefix("~/")
+        partial = local.with_name(f".{local.name}.part")
+        try:
+            with client.open_sftp() as sftp:
+                sftp.get(remote, str(partial))
+            size = partial.stat().st_size
+            os.replace(partial, local)
+            return size
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{host}:{path} does not exist") from None
+        except PermissionError:
+            raise PermissionError(f"{host}:{path} cannot be read") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.forget(host)
+            raise Unreachable(f"{host}: cannot copy {path}: {e}") from None
+        finally:
+            partial.unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._lock:

@@ -195,3 +195,54 @@ def test_nothing_listening_names_the_rank(tmp_path, sshd, ranks, home):
     assert "rank 0" not in out.stderr
     snap = json.loads(out.stdout)
     assert [r["update"] is not None for r in snap["ranks"]] == [True, True, True, False]
+
+
+def gather(env, hosts_json, sshd, run_dir, dest, *extra):
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "console", "--hostfile", str(hosts_json)),
+        *("--run-dir", str(run_dir), "--gather", str(dest), "--ssh-config", str(sshd.ssh_config)),
+        *("--known-hosts", str(sshd.known_hosts), *extra),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_gather_brings_every_ranks_logs_home_for_report(tmp_path, sshd, home):
+    from telemetry import synthetic
+    from telemetry.arrowlog import ArrowLog
+    from telemetry.report import summarize
+
+    def log(rank: int, steps: range) -> None:
+        writer = ArrowLog(run, rank)
+        writer.directory.mkdir(parents=True, exist_ok=True)
+        writer.write([synthetic.update(step, rank) for step in steps])
+        writer.close()
+
+    run, dest = tmp_path / "run", tmp_path / "gathered"
+    for rank in range(3):
+        log(rank, range(1, 6))
+    (run / "config.json").write_text(json.dumps({"run_id": "far-run"}))
+    (run / "control.key").write_bytes(b"k" * 32)
+    out = gather(home, hostfile(tmp_path), sshd, run, dest)
+    assert out.returncode == 0, out.stderr
+    assert "gathered 3 log files" in out.stdout and "from 2 hosts" in out.stdout
+    mine, theirs = summarize(run), summarize(dest)
+    assert {**theirs, "run_dir": ""} == {**mine, "run_dir": ""}
+    assert not (dest / "control.key").exists()  # the secret stays on its host
+
+    # Again: nothing new is fetched. After a resume, rank 1's new segment is.
+    again = gather(home, hostfile(tmp_path), sshd, run, dest)
+    assert "gathered 0 log files" in again.stdout and "3 unchanged" in again.stdout
+    log(1, range(6, 9))
+    grown = gather(home, hostfile(tmp_path), sshd, run, dest)
+    assert "gathered 1 log files" in grown.stdout and "rank-1.1.arrow" in grown.stderr
+    assert summarize(dest)["ranks"][1]["updates"] == 8
+
+    # A rank whose host has no logs is named; a folder that is not a gather's is refused.
+    more = gather(home, hostfile(tmp_path, [*HOSTS, "rankhost"]), sshd, run, dest)
+    assert more.returncode == 1 and "no logs of ranks 3" in more.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    refused = gather(home, hostfile(tmp_path), sshd, run, other)
+    assert refused.returncode == 2 and "no gather put there" in refused.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
