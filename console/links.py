@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from console.hostfile import RankTarget
 from telemetry.backoff import Backoff
 from telemetry.errors import AuthError, ConnectionLost, TelemetryError
-from telemetry.records import Hello, Message
+from telemetry.records import Hello, Message, run_id_of
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +356,7 @@ class LiveFeed:
         self.links = [RankLink(t, connector, self, **(link_options or {})) for t in self.targets]
         self._key_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.wrong_run = ""  # set when rank 0 turns out to serve another run than --run-dir
 
     # LinkSink: links report here, the feed forwards to whoever attached.
     def link_state(self, status: LinkStatus) -> None:
@@ -363,8 +364,32 @@ class LiveFeed:
             self.sink.link_state(status)
 
     def link_message(self, rank: int, message: Message) -> None:
+        if rank == 0 and isinstance(message, Hello):
+            self.wrong_run = self.check_run(message.run_id)
         if self.sink is not None:
             self.sink.link_message(rank, message)
+
+    def check_run(self, served: str) -> str:
+        """Why rank 0's run is not the one in --run-dir, or "" (then commands may go).
+
+        On this machine the whole id is known; on another host only the folder's name is
+        (the id's hash is of the absolute path there).
+        """
+        if not self.run_dir:
+            return ""
+        if isinstance(self.connector, TCPConnector):
+            expected = run_id_of(self.run_dir)
+            if served == expected:
+                return ""
+        else:
+            name = PurePosixPath(self.run_dir.rstrip("/")).name
+            if served.rsplit("-", 1)[0] == name:
+                return ""
+            expected = f"{name}-…"
+        return (
+            f"rank 0 serves run {served}, but --run-dir {self.run_dir} is run {expected}: "
+            "commands are off (check --port-base)"
+        )
 
     def attach(self, sink: LinkSink) -> None:
         self.sink = sink
@@ -376,7 +401,7 @@ class LiveFeed:
             return "this console is read-only (--read-only)"
         if self.run_dir is None:
             return "no --run-dir given, so no control key: commands are off"
-        return ""
+        return self.wrong_run
 
     def start_threads(self) -> None:
         """Run every link on a daemon thread (for use without the app)."""

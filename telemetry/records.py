@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -46,6 +48,17 @@ class Message:
         """Build from a decoded mapping; unknown keys are ignored (newer peers may add fields)."""
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in msg.items() if k in names})
+
+
+def run_id_of(run_dir: str | Path) -> str:
+    """A run's id: its folder's name and a short hash of the folder's absolute path.
+
+    The name lets a console on another host check that the ranks it reached serve the run
+    folder it was given; the hash tells apart two runs of the same name on one machine.
+    """
+    path = Path(run_dir)
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:6]
+    return f"{path.name}-{digest}"
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from telemetry import auth  # noqa: E402
 from telemetry.control import CommandQueue, CommandResult  # noqa: E402
 from telemetry.hub import Hub  # noqa: E402
-from telemetry.records import Event, Hello, Update  # noqa: E402
+from telemetry.records import Event, Hello, Update, run_id_of  # noqa: E402
 
 GiB = 2**30
 
@@ -49,7 +49,7 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=0.1)
     p.add_argument("--split", default="")
     p.add_argument("--slow", default="", help="per-rank per-sample slowdown factors")
-    p.add_argument("--run-id", default="fake-run")
+    p.add_argument("--run-id", default="", help="default: the real id of --run-dir")
     a = p.parse_args()
 
     run = Path(a.run_dir)
@@ -62,7 +62,7 @@ def main() -> int:
         publish(run, {"paused": False, "split": split, "stopped": False, "step": 0})
     hello = Hello(
         protocol=1,
-        run_id=a.run_id,
+        run_id=a.run_id or run_id_of(run),
         rank=a.rank,
         world_size=a.world,
         host=f"fake-{a.rank}",

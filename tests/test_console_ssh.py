@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from telemetry.records import run_id_of
 from tests.console_fakes import log_text, until
 from tests.console_sshd import SSHD, FakeRanks, fingerprint, free_port_base, keygen, sshd_missing
 
@@ -87,7 +88,7 @@ def test_once_reaches_every_rank_over_ssh(tmp_path, sshd, ranks, home):
     out = once(home, hostfile(tmp_path), sshd, ranks, sshd.known_hosts)
     assert out.returncode == 0, out.stderr
     snap = json.loads(out.stdout)
-    assert snap["run_id"] == "fake-run" and snap["world"] == 3 and snap["live"] == 3
+    assert snap["run_id"] == run_id_of(ranks.run_dir) and snap["world"] == 3 and snap["live"] == 3
     for r, rank in enumerate(snap["ranks"]):
         assert rank["rank"] == r and rank["host"] == f"fake-{r}"
         assert rank["update"] is not None and rank["update"]["step"] >= 1

@@ -429,6 +429,30 @@ def test_link_send_command_needs_a_live_link():
     t.join(2)
 
 
+def test_feed_turns_commands_off_when_rank0_serves_another_run(tmp_path):
+    from console.links import LiveFeed, SSHConnector, TCPConnector
+    from telemetry.errors import AuthError
+    from telemetry.records import run_id_of
+
+    run = tmp_path / "runs" / "mine"
+    local = LiveFeed(local_targets(1), TCPConnector(), run_dir=str(run))
+    local.link_message(0, hello(0, world=1, run_id=run_id_of(run)))
+    assert local.control_problem == ""
+    # Same folder name, another folder (another run on this machine): the hash tells.
+    local.link_message(0, hello(0, world=1, run_id=run_id_of(tmp_path / "mine")))
+    assert "rank 0 serves run mine-" in local.control_problem
+    with pytest.raises(AuthError, match="commands are off"):
+        local.send("pause")
+    assert local.links[0].key is None  # the key was never read for the wrong run
+
+    # Over SSH only the folder's name can be checked (the hash is of the remote path).
+    far = LiveFeed(local_targets(1), SSHConnector(None), run_dir="runs/mine/")
+    far.link_message(0, hello(0, world=1, run_id="mine-0a1b2c"))
+    assert far.control_problem == ""
+    far.link_message(0, hello(0, world=1, run_id="other-0a1b2c"))
+    assert "--run-dir runs/mine/ is run mine-" in far.control_problem
+
+
 # --- replay ------------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ import psutil
 
 from telemetry import sysmem
 from telemetry.control import CommandQueue
-from telemetry.records import PROTOCOL_VERSION, Event, Hello
+from telemetry.records import PROTOCOL_VERSION, Event, Hello, run_id_of
 from telemetry.reporter import FanOut, NullReporter, Reporter
 from trainer import checkpoint, memory
 from trainer.config import ConfigError, TrainConfig
@@ -254,7 +254,7 @@ def open_telemetry(
     key = auth.ensure_key(run_dir) if cluster.is_root else None  # kept across resumes
     hello = Hello(
         protocol=PROTOCOL_VERSION,
-        run_id=run_id(run_dir),
+        run_id=run_id_of(run_dir),
         rank=rank,
         world_size=cluster.size,
         host=socket.gethostname(),
@@ -282,11 +282,3 @@ def open_telemetry(
             f"control key {run_dir / 'control.key'}"
         )
     return FanOut(hub)
-
-
-def run_id(run_dir: Path) -> str:
-    """A stable id for the run folder (its name plus a short hash of its absolute path)."""
-    import hashlib
-
-    full = str(run_dir.resolve())
-    return f"{run_dir.name}-{hashlib.sha256(full.encode()).hexdigest()[:6]}"
