@@ -133,6 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from telemetry.bench import add_arguments as telemetry_arguments
 
     telemetry_arguments(tel)
+    tel.add_argument(
+        "--trainer",
+        action="store_true",
+        help="overhead: time the trainer's real update (synthetic tokens, the model below) "
+        "instead of the stand-in work",
+    )
+    _model_args(tel, depth=2, width=128, heads=2, seq_len=256, local_batch=8, accum=2)
 
     # The worker that measures one configuration in its own process (internal).
     worker = sub.add_parser("_worker")
@@ -161,7 +168,11 @@ def main(args: argparse.Namespace) -> int:
     if args.bench == "telemetry":
         from telemetry.bench import run as telemetry_bench
 
-        return telemetry_bench(args)
+        if not args.trainer:
+            return telemetry_bench(args)
+        update, _ = make_update(args)
+        steps = iter(range(1 << 62))
+        return telemetry_bench(args, work=lambda: update(next(steps)))
     if args.bench == "balance":
         from trainer import balance_bench
 
@@ -203,14 +214,13 @@ def run_worker(argv: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """Build the model and optimizer, run warmup + measured updates, report the figures."""
+def make_update(args: argparse.Namespace):
+    """The trainer's update on synthetic tokens: returns (update(i) -> (microsteps_s,
+    optimizer_s), model). Model, precision, accumulation and optimizer as `fleet train`'s."""
     import mlx.core as mx
-    import numpy as np
 
     from trainer.config import TrainConfig
     from trainer.data import SyntheticStream
-    from trainer.memory import device_name
     from trainer.model import GPT, ModelConfig
     from trainer.optim import make_optimizer
     from trainer.step import Stepper, zeros_f32
@@ -247,6 +257,17 @@ def measure(args: argparse.Namespace) -> dict:
         mx.eval(model.parameters(), optimizer.state, norm)
         return t1 - t0, time.perf_counter() - t1
 
+    return update, model
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Build the model and optimizer, run warmup + measured updates, report the figures."""
+    import mlx.core as mx
+    import numpy as np
+
+    from trainer.memory import device_name
+
+    update, model = make_update(args)
     for i in range(args.warmup):
         update(i)
     times, micro, apply_, peaks = [], [], [], []
@@ -258,7 +279,7 @@ def measure(args: argparse.Namespace) -> dict:
         micro.append(m)
         apply_.append(a)
         peaks.append(mx.get_peak_memory())
-    tokens = B * accum * args.seq_len
+    tokens = args.local_batch * args.accum * args.seq_len
     median = float(np.median(times))
     return {
         "framework": "mlx",
