@@ -8,6 +8,7 @@ Importing lazily also keeps `fleet console` free of mlx and `fleet train` free o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import import_module
 
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`fleet report --json | head`): stop quietly, as Unix tools do.
+        # Point stdout at /dev/null so the interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -135,3 +135,22 @@ def test_report_cli_json_and_errors(tmp_path, capsys):
     assert "no telemetry logs" in capsys.readouterr().err
     with pytest.raises(TelemetryError, match="no such run folder"):
         summarize(tmp_path / "missing")
+
+
+def test_report_into_a_closed_pipe_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import fleet_env
+
+    write_batches(tmp_path, 0, range(1, 4))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.cli", "report", str(tmp_path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=fleet_env(),
+    )
+    proc.stdout.close()  # the reader is gone before a byte is written (`... | head -0`)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141
+    assert b"Traceback" not in err and err == b""
