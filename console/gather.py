@@ -18,8 +18,10 @@ from pathlib import Path, PurePosixPath
 
 from console.hostfile import RankTarget
 from console.ssh import SSHError, SSHPool
+from telemetry.arrowlog import LOG_DIR
 
-LOG_DIR = "telemetry"  # telemetry.arrowlog.LOG_DIR
+# Any segment of a rank's update or event log, as telemetry.arrowlog names them
+# (update_stem, event_stem): rank-3.arrow, rank-3.1.arrow, events-rank-3.arrow, ...
 LOG_NAME = re.compile(r"^(?:events-)?rank-(\d+)(?:\.\d+)?\.arrow$")
 MARKER = "gathered.json"  # what DEST holds and where it came from
 

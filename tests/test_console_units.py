@@ -429,6 +429,19 @@ def test_link_send_command_needs_a_live_link():
     t.join(2)
 
 
+def test_gather_knows_every_log_name_the_ranks_write():
+    from console.gather import LOG_NAME
+    from telemetry.arrowlog import event_stem, update_stem
+
+    for rank in (0, 7, 12):
+        for stem in (update_stem(rank), event_stem(rank)):
+            for segment in ("", ".1", ".23"):
+                m = LOG_NAME.match(f"{stem}{segment}.arrow")
+                assert m is not None and int(m.group(1)) == rank
+    for other in ("control.key", "config.json", "rank-1.arrow.part", ".rank-1.arrow.part"):
+        assert LOG_NAME.match(other) is None
+
+
 def test_feed_turns_commands_off_when_rank0_serves_another_run(tmp_path):
     from console.links import LiveFeed, SSHConnector, TCPConnector
     from telemetry.errors import AuthError
