@@ -101,3 +101,22 @@ def test_mixed_keeps_fp32_master_weights():
     assert all(p.dtype == mx.float32 for p in after.values())
     changed = [k for k in after if not np.array_equal(before[k], np.array(after[k]))]
     assert changed, "the optimizer step changed no weight"
+
+
+@pytest.mark.parametrize("precision, tol", [("fp32", 1e-5), ("mixed", 2e-2)])
+@pytest.mark.parametrize("chunk", [7, 16])  # 7 does not divide a microbatch's rows
+def test_chunked_loss_head_gives_the_same_loss_and_gradients(precision, tol, chunk):
+    model, whole, batches = _setup(precision)
+    chunked = Stepper(
+        model, whole.optimizer, precision=precision, pad_id=PAD, grad_clip=1.0, loss_chunk=chunk
+    )
+    acc_w, loss_w, n_w = _sequential(model, whole, batches)
+    acc_c, loss_c, n_c = _sequential(model, chunked, batches)
+    assert n_c.item() == n_w.item()  # padding (PAD targets) masked the same way
+    assert loss_c.item() == pytest.approx(loss_w.item(), rel=tol / 10)
+    for (name, x), (_, y) in zip(tree_flatten(acc_w), tree_flatten(acc_c), strict=True):
+        scale = float(mx.abs(x).max().item())
+        assert scale > 0, name
+        np.testing.assert_allclose(
+            np.array(y), np.array(x), atol=tol * scale, rtol=tol, err_msg=name
+        )

@@ -158,6 +158,9 @@ def _model_args(p: argparse.ArgumentParser, **d) -> None:
     p.add_argument("--accum", type=int, default=d["accum"])
     p.add_argument("--accum-mode", choices=("sequential", "unrolled"), default="sequential")
     p.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
+    p.add_argument(
+        "--loss-chunk", type=int, default=0, help="tokens per chunk of the loss head (0 = all)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -196,6 +199,7 @@ def _model_argv(args: argparse.Namespace, **override) -> list[str]:
             "accum",
             "accum_mode",
             "precision",
+            "loss_chunk",
         )
     }
     values.update(override)
@@ -235,7 +239,14 @@ def make_update(args: argparse.Namespace):
     optimizer = make_optimizer(TrainConfig(synthetic=True))
     optimizer.init(model.trainable_parameters())
     mx.eval(model.parameters(), optimizer.state)
-    stepper = Stepper(model, optimizer, precision=args.precision, pad_id=-1, grad_clip=1.0)
+    stepper = Stepper(
+        model,
+        optimizer,
+        precision=args.precision,
+        pad_id=-1,
+        grad_clip=1.0,
+        loss_chunk=args.loss_chunk,
+    )
     stream = SyntheticStream(args.vocab, args.seq_len, 0)
     B, accum = args.local_batch, args.accum
 
@@ -288,6 +299,7 @@ def measure(args: argparse.Namespace) -> dict:
         "optimizer_s": float(np.median(apply_)),
         "accum_mode": args.accum_mode,
         "precision": args.precision,
+        "loss_chunk": args.loss_chunk,
         "params": model.num_params(),
         "tokens_per_update": tokens,
         "peak_bytes": int(max(peaks)),
@@ -331,6 +343,7 @@ def memory(args: argparse.Namespace) -> int:
                 "local_batch",
                 "accum",
                 "precision",
+                "loss_chunk",
             )
         },
         "unrolled": results["unrolled"],

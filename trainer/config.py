@@ -43,6 +43,11 @@ class TrainConfig:
         "fp32, bf16, or mixed (FP32 master weights and optimizer state, bf16 compute)",
         choices=("fp32", "bf16", "mixed"),
     )
+    loss_chunk: int = _f(
+        0,
+        "tokens per chunk of the loss head (0 = all at once): only one chunk's logits exist at "
+        "a time, recomputed in the backward pass (saves memory at large vocabularies)",
+    )
     # --- batch
     local_batch: int = _f(8, "samples per microstep on this rank (one rank)")
     local_batches: str = _f("", "samples per microstep, one per rank, e.g. 6,4,2 (sum = global)")
@@ -169,6 +174,7 @@ class TrainConfig:
             "keep_checkpoints",
             "eval_samples",
             "allreduce_bucket_mb",
+            "loss_chunk",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

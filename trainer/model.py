@@ -50,6 +50,11 @@ def padded_vocab(n: int) -> int:
     return -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def softcap(z: mx.array) -> mx.array:
+    """nanochat's smooth cap on the logits, in the dtype they come in."""
+    return LOGIT_SOFTCAP * mx.tanh(z / LOGIT_SOFTCAP)
+
+
 def _norm(x: mx.array, eps: float) -> mx.array:
     # RMSNorm without a learnable gain, as in nanochat: one fused kernel, no parameters.
     return mx.fast.rms_norm(x, None, eps)
@@ -113,11 +118,14 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.width, cfg.vocab, bias=False)
 
     def __call__(self, idx: mx.array) -> mx.array:
+        return softcap(self.lm_head(self.features(idx)))
+
+    def features(self, idx: mx.array) -> mx.array:
+        """The final normalized hidden states (B, T, width): what the head reads."""
         x = _norm(self.wte(idx), self.cfg.norm_eps)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(_norm(x, self.cfg.norm_eps))
-        return LOGIT_SOFTCAP * mx.tanh(logits / LOGIT_SOFTCAP)
+        return _norm(x, self.cfg.norm_eps)
 
     def init_weights(self, seed: int) -> None:
         """nanochat's init: unit-variance embedding, zeroed output projections, small head."""

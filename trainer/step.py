@@ -5,9 +5,9 @@ from __future__ import annotations
 from functools import partial
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
+from trainer.loss import head_loss
 from trainer.model import GPT
 
 Tree = dict
@@ -31,9 +31,19 @@ class Stepper:
     parameters, so tracing and casting never touch the master weights.
     """
 
-    def __init__(self, model: GPT, optimizer, *, precision: str, pad_id: int, grad_clip: float):
+    def __init__(
+        self,
+        model: GPT,
+        optimizer,
+        *,
+        precision: str,
+        pad_id: int,
+        grad_clip: float,
+        loss_chunk: int = 0,
+    ):
         self.model, self.optimizer = model, optimizer
         self.pad_id, self.grad_clip = pad_id, grad_clip
+        self.loss_chunk = loss_chunk  # tokens per chunk of the loss head (0: all at once)
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
@@ -49,11 +59,13 @@ class Stepper:
         if self.cast:
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
         self.twin.update(params)
-        inputs, targets = batch[:, :-1], batch[:, 1:]
-        logits = self.twin(inputs).astype(mx.float32)  # the softmax in FP32 whatever the compute
-        ce = nn.losses.cross_entropy(logits, targets, reduction="none")
-        mask = targets != self.pad_id
-        return (ce * mask).sum(), mask.sum().astype(mx.float32)
+        h = self.twin.features(batch[:, :-1])
+        targets = batch[:, 1:].reshape(-1)
+        mask = (targets != self.pad_id).astype(mx.float32)
+        loss = head_loss(
+            h.reshape(-1, h.shape[-1]), self.twin.lm_head.weight, targets, mask, self.loss_chunk
+        )
+        return loss, mask.sum()
 
     # --- sequential accumulation: one microbatch per call, accumulators materialized by caller
     def _micro_impl(self, params, acc, loss_sum, ntok, batch):

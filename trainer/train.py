@@ -50,7 +50,12 @@ def train(
     split, accum, seq_len = state["split"], cfg.accum, run.seq_len
     global_batch = sum(split)
     stepper = Stepper(
-        model, optimizer, precision=cfg.precision, pad_id=run.pad_id, grad_clip=cfg.grad_clip
+        model,
+        optimizer,
+        precision=cfg.precision,
+        pad_id=run.pad_id,
+        grad_clip=cfg.grad_clip,
+        loss_chunk=cfg.loss_chunk,
     )
     schedule = Schedule.from_config(cfg, tokens_per_update=accum * global_batch * seq_len)
     slowdown = cfg.slowdown(world, rank)
