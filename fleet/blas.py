@@ -32,15 +32,19 @@ def preload_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's) with OpenBLAS preloaded, when it applies."""
     env = dict(os.environ if env is None else env)
     lib = openblas_path()
-    if lib and env.get(MARK) != "reference" and lib not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+    if lib and env.get(MARK) != "reference":
+        if lib not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
         env[MARK] = "openblas"
     return env
 
 
 def reexec_with_openblas(argv: list[str]) -> None:
     """Replace this process by one with OpenBLAS preloaded (returns only when not needed)."""
-    if os.environ.get(MARK) or openblas_path() is None:
+    lib = openblas_path()
+    if os.environ.get(MARK) or lib is None:
         return
-    env = preload_env()
-    os.execve(sys.executable, [sys.executable, "-m", "fleet.cli", *argv], env)
+    if lib in os.environ.get("LD_PRELOAD", ""):  # preloaded by the user already
+        os.environ[MARK] = "openblas"
+        return
+    os.execve(sys.executable, [sys.executable, "-m", "fleet.cli", *argv], preload_env())

@@ -84,7 +84,9 @@ def run_fleet(
     return proc
 
 
-def launch_args(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
+def launch_args(
+    n: int, data: Path, run: Path, *train_args: str, launch_opts: tuple[str, ...] = ()
+) -> list[str]:
     """`launch -n N -- train --data D --run-dir R ARGS` (fleet's arguments), free ring ports."""
     return [
         "launch",
@@ -92,6 +94,7 @@ def launch_args(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
         str(n),
         "--starting-port",
         str(free_port(n + 1)),
+        *launch_opts,
         "--",
         "train",
         "--data",
@@ -102,8 +105,16 @@ def launch_args(n: int, data: Path, run: Path, *train_args: str) -> list[str]:
     ]
 
 
-def spawn_launch(n: int, data: Path, run: Path, *train_args: str, **popen) -> subprocess.Popen:
+def spawn_launch(
+    n: int,
+    data: Path,
+    run: Path,
+    *train_args: str,
+    launch_opts: tuple[str, ...] = (),
+    **popen,
+) -> subprocess.Popen:
     """A run of N real local ranks in the background; stderr is piped for its diagnosis."""
     popen.setdefault("stdout", subprocess.PIPE)
-    argv = [sys.executable, "-m", "fleet.cli", *launch_args(n, data, run, *train_args)]
+    args = launch_args(n, data, run, *train_args, launch_opts=launch_opts)
+    argv = [sys.executable, "-m", "fleet.cli", *args]
     return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=fleet_env(), **popen)

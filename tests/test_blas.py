@@ -53,3 +53,23 @@ def test_openblas_gives_the_same_update():
 def test_preload_env_respects_the_opt_out():
     env = blas.preload_env({"FLEET_BLAS": "reference"})
     assert "LD_PRELOAD" not in env
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux CPU only")
+def test_a_user_preloaded_openblas_is_not_preloaded_again():
+    # LD_PRELOAD set by hand (the README's tip) without fleet's mark: fleet must run, not
+    # re-execute itself forever.
+    lib = blas.openblas_path()
+    if lib is None:
+        pytest.skip("libopenblas0-pthread is not installed (.ci/run installs it)")
+    env = fleet_env(LD_PRELOAD=lib)
+    env.pop("FLEET_BLAS", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "bench", "balance", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "--scaling" in out.stdout
+    assert blas.preload_env(env)["LD_PRELOAD"].count(lib) == 1

@@ -12,12 +12,14 @@ first one (mlx.launch itself exits 0 when ranks fail).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from fleet.blas import preload_env
@@ -63,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="environment variable for every rank (repeatable)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds the other ranks get to stop on their own after one fails, before "
+        "fleet launch ends them (a rank that never started can leave its peers waiting)",
     )
     parser.add_argument("--verbose", action="store_true", help="mlx.launch's debug output")
     parser.add_argument(
@@ -184,11 +194,26 @@ def main(args: argparse.Namespace) -> int:
         "fleet.cli",
         *command,
     ]
-    return supervise(argv, env, world)
+    hosts_ssh = [h.get("ssh", "") for h in hosts]
+    return supervise(argv, env, world, hosts_ssh, grace=args.stop_grace)
 
 
-def supervise(argv: list[str], env: dict[str, str], world: int) -> int:
-    """Run mlx.launch, pass its output through, and report the first rank that failed."""
+def supervise(
+    argv: list[str],
+    env: dict[str, str],
+    world: int,
+    hosts: list[str] | None = None,
+    grace: float = 30.0,
+) -> int:
+    """Run mlx.launch, pass its output through, and report the first rank that failed.
+
+    `hosts`: each rank's ssh name, for hostfile runs: an exit code of 255 there is ssh's own.
+    mlx.launch's own thread tracebacks (it cannot clean up a rank that never started) are
+    not the operator's business and are left out; the ranks' messages all pass through.
+    `grace`: after a failure, the others normally notice the lost peer within a second and
+    exit; ranks still running `grace` seconds later (waiting for a peer that never came up)
+    are ended with mlx.launch, its ssh sessions and everything under them.
+    """
     failures: list[tuple[int, str]] = []
     proc = subprocess.Popen(
         argv, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1
@@ -196,19 +221,34 @@ def supervise(argv: list[str], env: dict[str, str], world: int) -> int:
 
     def watch() -> None:
         assert proc.stderr is not None
+        in_launcher_traceback = False
         for line in proc.stderr:
+            if line.startswith("Exception in thread"):
+                in_launcher_traceback = True
+            if in_launcher_traceback:
+                # Frames and code are indented; the block ends with the exception's own line.
+                if not line[:1].isspace() and not line.startswith(("Exception in", "Traceback")):
+                    in_launcher_traceback = False
+                continue
             m = _FAILED.search(line)
             if m:
                 rank = int(m.group(1))
                 how = f"exited with code {m.group(2)}" if m.group(2) else "was killed"
+                if m.group(2) == "255" and hosts and rank < len(hosts) and hosts[rank]:
+                    host = hosts[rank]
+                    how += (
+                        f": ssh could not start it on {host} (unreachable, login refused, or "
+                        f"host key unknown; try `ssh {host} true`)"
+                    )
                 failures.append((rank, how))
             sys.stderr.write(line)
             sys.stderr.flush()
 
     reader = threading.Thread(target=watch, daemon=True)
     reader.start()
+    ended = False
     try:
-        code = proc.wait()
+        code, ended = _wait(proc, failures, grace)
     except KeyboardInterrupt:
         # Ranks received the interrupt too; rank 0 checkpoints and stops them. Wait for it.
         print(
@@ -226,6 +266,8 @@ def supervise(argv: list[str], env: dict[str, str], world: int) -> int:
         rank, how = failures[0]
         others = sorted({r for r, _ in failures[1:] if r != rank})
         tail = f"; then rank(s) {others} stopped too" if others else ""
+        if ended:
+            tail += f"; the rest were still running {grace:g} s later and were ended"
         print(
             f"fleet launch: rank {rank} failed first ({how}){tail}. Its messages are above.",
             file=sys.stderr,
@@ -235,3 +277,39 @@ def supervise(argv: list[str], env: dict[str, str], world: int) -> int:
         print(f"fleet launch: mlx.launch exited with code {code}", file=sys.stderr)
         return code if code > 0 else 1
     return 0
+
+
+def _wait(
+    proc: subprocess.Popen, failures: list[tuple[int, str]], grace: float
+) -> tuple[int, bool]:
+    """mlx.launch's exit code, and whether the ranks had to be ended after `grace` seconds."""
+    deadline = None
+    while True:
+        try:
+            return proc.wait(timeout=0.5), False
+        except subprocess.TimeoutExpired:
+            pass
+        if failures and deadline is None:
+            deadline = time.monotonic() + grace
+        if deadline is not None and time.monotonic() > deadline:
+            _end_tree(proc)
+            return proc.wait(), True
+
+
+def _end_tree(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """Terminate mlx.launch and every process under it (local ranks, ssh clients, whose
+    remote ranks then lose their terminal), then kill what is left."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        family = [*parent.children(recursive=True), parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(family, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
