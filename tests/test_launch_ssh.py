@@ -19,9 +19,10 @@ from tests.test_distributed import TINY, assert_same_weights, single, weights
 
 ROOT = Path(__file__).resolve().parent.parent
 
+MISSING = sshd_missing() or ("" if shutil.which("ssh") else "no ssh client (openssh-client)")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(bool(sshd_missing()) and not os.environ.get("CI"), reason=sshd_missing()),
+    pytest.mark.skipif(bool(MISSING) and not os.environ.get("CI"), reason=MISSING),
 ]
 
 
