@@ -17,6 +17,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,73 +302,60 @@ class SSHPool:
             self.forget(host)
             raise Unreachable(f"{host}: connection dropped: {e or type(e).__name__}") from None
 
+    @contextlib.contextmanager
+    def _sftp(self, host: str, path: str, verb: str) -> Iterator[paramiko.SFTPClient]:
+        """An SFTP session on `host` for work on `path`; its failures say host, path and why."""
+        client = self.client(host)
+        try:
+            with client.open_sftp() as sftp:
+                yield sftp
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{host}:{path} does not exist") from None
+        except PermissionError as e:
+            too_open = "too open" in str(e)
+            raise PermissionError(str(e) if too_open else f"{host}:{path} cannot be read") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self.forget(host)
+            raise Unreachable(f"{host}: cannot {verb} {path}: {e}") from None
+
     def read_file(self, host: str, path: str, *, private: bool = False) -> bytes:
         """A small file from `host` over SFTP; `~/` and relative paths are under the home.
 
         `private`: refuse a file that others may read (a secret left open is not trusted).
         """
-        client = self.client(host)
         remote = path.removeprefix("~/")
-        try:
-            with client.open_sftp() as sftp:
-                st = sftp.stat(remote)
-                size = st.st_size or 0
-                if size > MAX_REMOTE_FILE:
-                    raise SSHError(f"{host}:{path} is {size} bytes; expected a small file")
-                mode = (st.st_mode or 0) & 0o777
-                if private and mode & 0o077:
-                    raise PermissionError(
-                        f"permissions {mode:04o} for {host}:{path} are too open; refusing it "
-                        f"(fix with: chmod 600 {path})"
-                    )
-                with sftp.open(remote, "rb") as f:
-                    return f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{host}:{path} does not exist") from None
-        except PermissionError as e:
-            raise PermissionError(
-                str(e) if "too open" in str(e) else f"{host}:{path} cannot be read"
-            ) from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise Unreachable(f"{host}: cannot read {path}: {e}") from None
+        with self._sftp(host, path, "read") as sftp:
+            st = sftp.stat(remote)
+            size = st.st_size or 0
+            if size > MAX_REMOTE_FILE:
+                raise SSHError(f"{host}:{path} is {size} bytes; expected a small file")
+            mode = (st.st_mode or 0) & 0o777
+            if private and mode & 0o077:
+                raise PermissionError(
+                    f"permissions {mode:04o} for {host}:{path} are too open; refusing it "
+                    f"(fix with: chmod 600 {path})"
+                )
+            with sftp.open(remote, "rb") as f:
+                return f.read()
 
     def list_dir(self, host: str, path: str) -> dict[str, int]:
         """The plain files in a folder on `host` and their sizes (home-relative like read_file)."""
-        client = self.client(host)
-        remote = path.removeprefix("~/")
-        try:
-            with client.open_sftp() as sftp:
-                return {
-                    a.filename: a.st_size or 0
-                    for a in sftp.listdir_attr(remote)
-                    if a.st_mode is not None and stat.S_ISREG(a.st_mode)
-                }
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{host}:{path} does not exist") from None
-        except PermissionError:
-            raise PermissionError(f"{host}:{path} cannot be read") from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            self.forget(host)
-            raise Unreachable(f"{host}: cannot list {path}: {e}") from None
+        with self._sftp(host, path, "list") as sftp:
+            return {
+                a.filename: a.st_size or 0
+                for a in sftp.listdir_attr(path.removeprefix("~/"))
+                if a.st_mode is not None and stat.S_ISREG(a.st_mode)
+            }
 
     def download(self, host: str, path: str, local: Path) -> int:
         """Copy one file from `host` to `local` (streamed; all or nothing); returns its bytes."""
-        client = self.client(host)
-        remote = path.removeprefix("~/")
         partial = local.with_name(f".{local.name}.part")
         try:
-            with client.open_sftp() as sftp:
-                sftp.get(remote, str(partial))
+            with self._sftp(host, path, "copy") as sftp:
+                sftp.get(path.removeprefix("~/"), str(partial))
             size = partial.stat().st_size
             os.replace(partial, local)
             return size
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{host}:{path} does not exist") from None
-        except PermissionError:
-            raise PermissionError(f"{host}:{path} cannot be read") from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            self.forget(host)
-            raise Unreachable(f"{host}: cannot copy {path}: {e}") from None
         finally:
             partial.unlink(missing_ok=True)
 
