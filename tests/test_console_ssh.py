@@ -247,3 +247,34 @@ def test_gather_brings_every_ranks_logs_home_for_report(tmp_path, sshd, home):
     refused = gather(home, hostfile(tmp_path), sshd, run, other)
     assert refused.returncode == 2 and "no gather put there" in refused.stderr
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
+def test_sftp_failures_name_host_and_path(tmp_path, sshd):
+    from console.ssh import SSHOptions, SSHPool
+
+    pool = SSHPool(
+        SSHOptions(config_path=sshd.ssh_config, known_hosts=sshd.known_hosts, allow_agent=False)
+    )
+    try:
+        key = tmp_path / "control.key"
+        key.write_bytes(b"k" * 32)
+        key.chmod(0o644)  # readable by others: a secret left open is not trusted
+        with pytest.raises(PermissionError, match="too open.*chmod 600"):
+            pool.read_file("rankhost", str(key), private=True)
+        key.chmod(0o600)
+        assert pool.read_file("rankhost", str(key), private=True) == b"k" * 32
+        with pytest.raises(FileNotFoundError, match=f"rankhost:{tmp_path}/nope does not exist"):
+            pool.read_file("rankhost", str(tmp_path / "nope"))
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            pool.list_dir("rankhost", str(tmp_path / "no-folder"))
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "a.arrow").write_bytes(b"x" * 10)
+        (tmp_path / "logs" / "sub").mkdir()
+        assert pool.list_dir("rankhost", str(tmp_path / "logs")) == {"a.arrow": 10}
+        got = tmp_path / "copy.arrow"
+        assert pool.download("rankhost", str(tmp_path / "logs" / "a.arrow"), got) == 10
+        with pytest.raises(FileNotFoundError):
+            pool.download("rankhost", str(tmp_path / "logs" / "gone.arrow"), tmp_path / "g")
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    finally:
+        pool.close()
