@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import free_port, launch_args, run_fleet, spawn_launch
+from tests.conftest import fleet_env, free_port, launch_args, run_fleet, spawn_launch
 from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -201,3 +204,56 @@ def test_bench_balance_measures_scaling_and_allreduce_bandwidth(tmp_path):
     # The baseline ran the same loop on one rank: its own run folder and Arrow log exist.
     assert (tmp_path / "one-rank-2").is_dir()
     assert (tmp_path / "balance.csv").read_text().count("\n") == 2
+
+
+def test_ranks_under_plain_mpirun_train_the_same_model(tiny_data, tmp_path):
+    # MPI, the backend of clusters: `fleet train` started by mpirun itself (Debian's Open MPI
+    # 4 lacks an option mlx.launch passes to mpirun, so this is how MPI runs there).
+    from mlx._distributed_utils.launch import get_mpi_libname
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        if os.environ.get("CI"):
+            pytest.fail("mpirun missing in CI (.ci/run installs openmpi-bin)")
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    both = ("--updates", "2", "--checkpoint-every", "1")
+    single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
+    run = tmp_path / "mpi"
+    env = fleet_env(MLX_MPI_LIBNAME=get_mpi_libname() or "libmpi.so")
+    exported = [
+        a
+        for k in ("MLX_MPI_LIBNAME", "PYTHONPATH", "LD_PRELOAD", "FLEET_BLAS")
+        if k in env
+        for a in ("-x", k)
+    ]
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    proc = subprocess.run(
+        [
+            mpirun,
+            *root,
+            "--oversubscribe",
+            "-np",
+            "3",
+            *exported,
+            sys.executable,
+            "-m",
+            "fleet.cli",
+            "train",
+            "--data",
+            str(tiny_data),
+            "--run-dir",
+            str(run),
+            "--local-batches",
+            "3,2,1",
+            *TINY,
+            *both,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "3 rank(s), split [3, 2, 1]" in proc.stdout
+    for step in (1, 2):
+        assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))

@@ -87,7 +87,7 @@ def train(args: argparse.Namespace) -> int:
             # A resumed run keeps the checkpoint's settings, except how this session ends.
             base = {k: v for k, v in base.items() if k in FIELDS and k not in ("stop_at",)}
         cfg = resolve(args, base)
-        return loop(cfg, cluster, resume_path, frozenset(given))
+        return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
     except (
         ConfigError,
         checkpoint.CheckpointError,

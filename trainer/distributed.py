@@ -56,16 +56,23 @@ def backend_from_env(env: Mapping[str, str] | None = None) -> str:
         return "nccl"
     if "MLX_HOSTFILE" in env:
         return "ring"
+    if any(k in env for k in MPI_SIZE_VARS):  # started by mpirun (Open MPI, MPICH)
+        return "mpi"
     return "any"
 
 
+MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def expected_world(env: Mapping[str, str] | None = None) -> int | None:
-    """The world size the launcher announced, where it announces one."""
+    """The world size the launcher announced (mlx.launch, or mpirun), where it announces one."""
     env = os.environ if env is None else env
-    try:
-        return int(env["MLX_WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return None
+    for name in ("MLX_WORLD_SIZE", *MPI_SIZE_VARS):
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 class Cluster:
@@ -77,9 +84,14 @@ class Cluster:
             group = mx.distributed.init(backend=self.backend)
             expected = expected_world()
             if expected is not None and group.size() != expected:
+                hint = (
+                    "MLX did not load libmpi: set MLX_MPI_LIBNAME, e.g. libmpi.so.40"
+                    if self.backend == "mpi"
+                    else "is this MLX built with that backend?"
+                )
                 raise WrongGroup(
                     f"launched as one of {expected} ranks, but the {self.backend} backend "
-                    f"formed a group of {group.size()} (is this MLX built with that backend?)"
+                    f"formed a group of {group.size()} ({hint})"
                 )
         else:
             self.backend = "given"
@@ -90,6 +102,27 @@ class Cluster:
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    def finish(self, code: int) -> int:
+        """End this rank's part in the group; returns `code` unless it exits the process.
+
+        MLX 0.32 finalizes MPI from a C++ static destructor that can run after the MPI
+        wrapper it calls is gone, so mpirun at times reports a rank that "exited without
+        calling finalize" after a run that succeeded. After a clean run, an MPI rank
+        finalizes here itself and leaves without running those destructors.
+        """
+        if self.backend != "mpi" or self.size == 1 or code != 0:
+            return code
+        import ctypes
+
+        try:  # MLX dlopened libmpi with RTLD_GLOBAL: its symbols are visible process-wide
+            finalize = ctypes.CDLL(None).MPI_Finalize
+        except (OSError, AttributeError):
+            return code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        finalize()
+        os._exit(code)
 
     def _sum(self, x: mx.array) -> mx.array:
         try:

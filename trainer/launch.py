@@ -137,6 +137,32 @@ def check_train_args(argv: list[str], world: int) -> None:
         raise LaunchError(str(e)) from None
 
 
+def check_mpirun(world: int) -> None:
+    """mlx.launch's MPI mode runs `mpirun --output :raw`, an Open MPI 5 option: say so up front
+    (Open MPI 4, as Debian 12 ships, stops with "unknown option") and how to run without it."""
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise LaunchError("--backend mpi needs mpirun on PATH (Open MPI 5)")
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+        version = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return  # let mlx.launch say what is wrong
+    m = re.search(r"Open MPI\)?\s+(\d+)\.(\d+)", version)
+    if m and int(m.group(1)) < 5:
+        from mlx._distributed_utils.launch import get_mpi_libname
+
+        lib = get_mpi_libname() or "<your libmpi.so.N>"
+        raise LaunchError(
+            f"mlx.launch's MPI mode needs Open MPI 5; this mpirun is Open MPI "
+            f"{m.group(1)}.{m.group(2)}. Start the ranks with mpirun itself instead: "
+            f"mpirun -np {world} -x MLX_MPI_LIBNAME={lib} {sys.executable} -m fleet.cli "
+            "train ... (fleet train joins MPI when mpirun starts it)"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -154,6 +180,8 @@ def main(args: argparse.Namespace) -> int:
         backend = args.backend or file_backend or None
         if backend == "ring" and hosts and any(not h.get("ips") for h in hosts):
             raise LaunchError("the ring backend needs `ips` for every host in the hostfile")
+        if backend == "mpi":
+            check_mpirun(world)
         if command[0] == "train":
             check_train_args(command[1:], world)
     except LaunchError as e:
