@@ -251,8 +251,8 @@ def supervise(
         assert proc.stderr is not None
         in_launcher_traceback = False
         for line in proc.stderr:
-            if line.startswith("Exception in thread"):
-                in_launcher_traceback = True
+            if line.startswith("Exception in thread") and "(_thread_fn)" in line:
+                in_launcher_traceback = True  # mlx.launch's own rank thread, not a rank's
             if in_launcher_traceback:
                 # Frames and code are indented; the block ends with the exception's own line.
                 if not line[:1].isspace() and not line.startswith(("Exception in", "Traceback")):
