@@ -223,13 +223,12 @@ def main(args: argparse.Namespace) -> int:
         *command,
     ]
     hosts_ssh = [h.get("ssh", "") for h in hosts]
-    return supervise(argv, env, world, hosts_ssh, grace=args.stop_grace)
+    return supervise(argv, env, hosts_ssh, grace=args.stop_grace)
 
 
 def supervise(
     argv: list[str],
     env: dict[str, str],
-    world: int,
     hosts: list[str] | None = None,
     grace: float = 30.0,
 ) -> int:
