@@ -219,7 +219,12 @@ def test_ranks_under_plain_mpirun_train_the_same_model(tiny_data, tmp_path):
     both = ("--updates", "2", "--checkpoint-every", "1")
     single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
     run = tmp_path / "mpi"
-    env = fleet_env(MLX_MPI_LIBNAME=get_mpi_libname() or "libmpi.so")
+    # Containers often forbid the cross-process memory copy Open MPI's shared-memory
+    # transport tries first; "none" makes it copy through shared memory instead.
+    env = fleet_env(
+        MLX_MPI_LIBNAME=get_mpi_libname() or "libmpi.so",
+        OMPI_MCA_btl_vader_single_copy_mechanism="none",
+    )
     exported = [
         a
         for k in ("MLX_MPI_LIBNAME", "PYTHONPATH", "LD_PRELOAD", "FLEET_BLAS")
