@@ -180,15 +180,11 @@ def optimizer_probes() -> dict:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten, tree_map
 
-    from trainer.config import TrainConfig
-    from trainer.model import GPT, ModelConfig
-    from trainer.optim import make_optimizer
-    from trainer.step import Stepper
+    from trainer.bench import synthetic_stepper
 
-    model = GPT(ModelConfig.from_sizes(depth=12, width=C, heads=H, vocab=V, seq_len=T))
-    opt = make_optimizer(TrainConfig(synthetic=True))
-    opt.init(model.trainable_parameters())
-    stepper = Stepper(model, opt, precision="mixed", pad_id=-1, grad_clip=1.0)
+    model, opt, stepper = synthetic_stepper(
+        depth=12, width=C, heads=H, vocab=V, seq_len=T, precision="mixed"
+    )
     grads = tree_map(
         lambda p: mx.full(p.shape, 1e-3, dtype=mx.float32), model.trainable_parameters()
     )

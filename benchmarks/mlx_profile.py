@@ -21,11 +21,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-from trainer.config import TrainConfig
+from trainer.bench import synthetic_stepper
 from trainer.data import SyntheticStream
-from trainer.model import GPT, ModelConfig
-from trainer.optim import make_optimizer
-from trainer.step import Stepper, zeros_f32
+from trainer.step import zeros_f32
 
 
 def timed(fn, reps: int) -> float:
@@ -53,16 +51,14 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--precision", default="mixed", choices=("fp32", "bf16", "mixed"))
     a = p.parse_args()
-    cfg = ModelConfig.from_sizes(
-        depth=a.depth, width=a.width, heads=a.heads, vocab=a.vocab, seq_len=a.seq_len
+    model, opt, stepper = synthetic_stepper(
+        depth=a.depth,
+        width=a.width,
+        heads=a.heads,
+        vocab=a.vocab,
+        seq_len=a.seq_len,
+        precision=a.precision,
     )
-    model = GPT(cfg)
-    model.init_weights(0)
-    if a.precision == "bf16":
-        model.set_dtype(mx.bfloat16)
-    opt = make_optimizer(TrainConfig(synthetic=True))
-    opt.init(model.trainable_parameters())
-    stepper = Stepper(model, opt, precision=a.precision, pad_id=-1, grad_clip=1.0)
     batch = mx.array(
         SyntheticStream(a.vocab, a.seq_len, 0).batch(0, a.local_batch, 0, a.local_batch)
     )

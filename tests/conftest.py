@@ -118,3 +118,13 @@ def spawn_launch(
     args = launch_args(n, data, run, *train_args, launch_opts=launch_opts)
     argv = [sys.executable, "-m", "fleet.cli", *args]
     return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=fleet_env(), **popen)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A real sshd on a loopback address (tests/console_sshd.py), one per test module."""
+    from tests.console_sshd import SSHD
+
+    server = SSHD(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()

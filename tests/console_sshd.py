@@ -90,6 +90,25 @@ class SSHD:
             f"  IdentityFile {ident}\n  IdentitiesOnly yes\n  ProxyJump rankhost\n"
         )
 
+    def feed(self, hostfile: Path, port_base: int, run_dir: Path):
+        """The console's live feed over this server, as `fleet console --hostfile` builds it."""
+        import argparse
+
+        from console.cli import build_feed
+
+        args = argparse.Namespace(
+            local=False,
+            hostfile=str(hostfile),
+            port_base=port_base,
+            run_dir=str(run_dir),
+            read_only=False,
+            accept_new_host_keys=False,
+            ssh_config=str(self.ssh_config),
+            known_hosts=str(self.known_hosts),
+            ssh_user=None,
+        )
+        return build_feed(args)
+
     @property
     def host_entry(self) -> str:
         return f"[{self.address}]:{self.port}"

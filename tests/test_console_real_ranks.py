@@ -3,7 +3,6 @@ operator's pause and checkpoint are applied by the run."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -18,7 +17,7 @@ from telemetry.auth import read_key
 from telemetry.client import TelemetryClient
 from tests.conftest import free_port, spawn_launch
 from tests.console_fakes import log_text, until
-from tests.console_sshd import SSHD, sshd_missing
+from tests.console_sshd import sshd_missing
 from trainer import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,13 +26,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(bool(sshd_missing()) and not os.environ.get("CI"), reason=sshd_missing()),
 ]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SSHD(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -116,23 +108,11 @@ def test_once_over_ssh_shows_both_real_ranks(tmp_path, sshd, run):
 
 def test_console_pauses_and_checkpoints_a_real_run_over_ssh(tmp_path, sshd, run, monkeypatch):
     from console.app import FleetApp
-    from console.cli import build_feed
 
     run_dir, base = run
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    args = argparse.Namespace(
-        local=False,
-        hostfile=str(hostfile(tmp_path)),
-        port_base=base,
-        run_dir=str(run_dir),
-        read_only=False,
-        accept_new_host_keys=False,
-        ssh_config=str(sshd.ssh_config),
-        known_hosts=str(sshd.known_hosts),
-        ssh_user=None,
-    )
-    feed = build_feed(args)
+    feed = sshd.feed(hostfile(tmp_path), base, run_dir)
 
     async def scenario():
         app = FleetApp(feed)

@@ -16,7 +16,7 @@ import pytest
 
 from telemetry.records import run_id_of
 from tests.console_fakes import log_text, until
-from tests.console_sshd import SSHD, FakeRanks, fingerprint, free_port_base, keygen, sshd_missing
+from tests.console_sshd import FakeRanks, fingerprint, free_port_base, keygen, sshd_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,13 +26,6 @@ pytestmark = [
 ]
 
 HOSTS = ["rankhost", "jumped", "rankhost"]  # rank 1 comes through a ProxyJump
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SSHD(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,22 +91,10 @@ def test_once_reaches_every_rank_over_ssh(tmp_path, sshd, ranks, home):
 
 def test_app_link_layer_pauses_and_checkpoints_over_ssh(tmp_path, sshd, ranks, monkeypatch):
     from console.app import FleetApp
-    from console.cli import build_feed
 
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    args = argparse.Namespace(
-        local=False,
-        hostfile=str(hostfile(tmp_path)),
-        port_base=ranks.port_base,
-        run_dir=str(ranks.run_dir),
-        read_only=False,
-        accept_new_host_keys=False,
-        ssh_config=str(sshd.ssh_config),
-        known_hosts=str(sshd.known_hosts),
-        ssh_user=None,
-    )
-    feed = build_feed(args)
+    feed = sshd.feed(hostfile(tmp_path), ranks.port_base, ranks.run_dir)
 
     async def scenario():
         app = FleetApp(feed)

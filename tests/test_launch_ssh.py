@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fleet_env, free_port
-from tests.console_sshd import SSHD, sshd_missing
+from tests.console_sshd import sshd_missing
 from tests.test_distributed import TINY, assert_same_weights, single, weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,13 +24,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(bool(MISSING) and not os.environ.get("CI"), reason=MISSING),
 ]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SSHD(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

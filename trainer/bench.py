@@ -218,23 +218,31 @@ def run_worker(argv: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def make_update(args: argparse.Namespace):
-    """The trainer's update on synthetic tokens: returns (update(i) -> (microsteps_s,
-    optimizer_s), model). Model, precision, accumulation and optimizer as `fleet train`'s."""
+def synthetic_stepper(
+    *,
+    depth: int,
+    width: int,
+    heads: int,
+    vocab: int,
+    seq_len: int,
+    precision: str,
+    loss_chunk: int = 0,
+):
+    """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
+    --synthetic` builds them (the benchmarks and profiles time these)."""
     import mlx.core as mx
 
     from trainer.config import TrainConfig
-    from trainer.data import SyntheticStream
     from trainer.model import GPT, ModelConfig
     from trainer.optim import make_optimizer
-    from trainer.step import Stepper, zeros_f32
+    from trainer.step import Stepper
 
-    mcfg = ModelConfig.from_sizes(
-        depth=args.depth, width=args.width, heads=args.heads, vocab=args.vocab, seq_len=args.seq_len
+    cfg = ModelConfig.from_sizes(
+        depth=depth, width=width, heads=heads, vocab=vocab, seq_len=seq_len
     )
-    model = GPT(mcfg)
+    model = GPT(cfg)
     model.init_weights(0)
-    if args.precision == "bf16":
+    if precision == "bf16":
         model.set_dtype(mx.bfloat16)
     optimizer = make_optimizer(TrainConfig(synthetic=True))
     optimizer.init(model.trainable_parameters())
@@ -242,9 +250,29 @@ def make_update(args: argparse.Namespace):
     stepper = Stepper(
         model,
         optimizer,
-        precision=args.precision,
+        precision=precision,
         pad_id=-1,
         grad_clip=1.0,
+        loss_chunk=loss_chunk,
+    )
+    return model, optimizer, stepper
+
+
+def make_update(args: argparse.Namespace):
+    """The trainer's update on synthetic tokens: returns (update(i) -> (microsteps_s,
+    optimizer_s), model). Model, precision, accumulation and optimizer as `fleet train`'s."""
+    import mlx.core as mx
+
+    from trainer.data import SyntheticStream
+    from trainer.step import zeros_f32
+
+    model, optimizer, stepper = synthetic_stepper(
+        depth=args.depth,
+        width=args.width,
+        heads=args.heads,
+        vocab=args.vocab,
+        seq_len=args.seq_len,
+        precision=args.precision,
         loss_chunk=args.loss_chunk,
     )
     stream = SyntheticStream(args.vocab, args.seq_len, 0)
