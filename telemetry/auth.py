@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.errors import AuthError, ProtocolError
+from telemetry.files import atomic_write
 from telemetry.protocol import MAC_HEX, NONCE_HEX, is_hex, signed_bytes
 
 KEY_FILE = "control.key"
@@ -32,19 +33,7 @@ def create_key(run_dir: str | os.PathLike[str]) -> bytes:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_bytes(KEY_BYTES)
-    tmp = run_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # in case a umask or ACL widened the mode at creation
-        os.write(fd, key)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, run_dir / KEY_FILE)
+    atomic_write(run_dir / KEY_FILE, key, mode=0o600)
     return key
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import psutil
 
 from telemetry import sysmem
 from telemetry.control import CommandQueue
+from telemetry.files import atomic_write
 from telemetry.records import PROTOCOL_VERSION, Event, Hello, run_id_of
 from telemetry.reporter import FanOut, NullReporter, Reporter
 from trainer import checkpoint, memory
@@ -105,9 +105,9 @@ def open_run(
         for p in checkpoint.clear_orphans(run_dir):
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
-        tmp = run_dir / f".config.json.{os.getpid()}"
-        tmp.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, run_dir / "config.json")
+        atomic_write(
+            run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+        )
 
     # --- device, and memory limits per rank
     if cfg.device != "auto":

@@ -1,0 +1,71 @@
+"""Files written whole or not at all, and their digests: the one owner for every package.
+
+It sits in `telemetry` because that is the bottom layer every other package may import; it
+needs nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """sha256 of a file, read in chunks so memory stays flat."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file's data to the disk (a crash after this cannot lose it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the renames inside a folder durable (POSIX); platforms that refuse it are ignored."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o644) -> None:
+    """Replace `path` by `data` in one rename: readers see the old file or the new one, whole.
+
+    The temporary sibling is created exclusively with `mode` already set (a key file is never
+    readable by others, not even for a moment), fsynced, then renamed over the target.
+    """
+    path = Path(path)
+    blob = data.encode() if isinstance(data, str) else data
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, mode)
+    try:
+        os.fchmod(fd, mode)  # in case a umask or ACL changed the mode at creation
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
