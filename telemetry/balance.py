@@ -21,6 +21,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from telemetry.split import problems
+
 # Fewer updates than this per rank and a fit is called a guess.
 MIN_UPDATES = 3
 # Residual scatter of compute time (relative to its mean) above which a rank is too noisy to trust.
@@ -300,28 +302,19 @@ def validate(
     headroom: float = 0.15,
     min_batch: int = 1,
 ) -> list[str]:
-    """Everything wrong with a split, as sentences; empty when it can be sent."""
-    errors: list[str] = []
-    if len(split) != world_size:
-        errors.append(f"split has {len(split)} entries; the run has {world_size} ranks")
-    bad = [r for r, b in enumerate(split) if not isinstance(b, int) or isinstance(b, bool)]
-    if bad:
-        errors.append(f"rank(s) {_ranks(bad)}: local batch must be a whole number")
-        return errors
-    if sum(split) != global_batch:
-        errors.append(f"split sums to {sum(split)}; the global batch is {global_batch}")
-    small = [r for r, b in enumerate(split) if b < max(1, min_batch)]
-    if small:
-        errors.append(f"rank(s) {_ranks(small)}: local batch must be at least {max(1, min_batch)}")
-    if models is not None and len(models) == len(split):
-        for m, b in zip(models, split, strict=True):
-            cap = m.cap(headroom)
-            if cap is not None and b > cap:
-                errors.append(
-                    f"rank {m.rank}: {b} samples would need ~{_gib(m.mem(b))} of "
-                    f"{_gib(m.mem_limit or 0)} (cap {cap} with {headroom:.0%} headroom)"
-                )
-    return errors
+    """Everything wrong with a split, as sentences; empty when it can be sent (telemetry.split
+    checks; the fitted models give each rank's memory cap and why)."""
+    fitted = models is not None and len(models) == len(split)
+    caps = [m.cap(headroom) for m in models] if fitted else None
+
+    def why(rank: int, batch: int) -> str:
+        m = models[rank]
+        return (
+            f"~{_gib(m.mem(batch))} of {_gib(m.mem_limit or 0)}; "
+            f"cap {caps[rank]} with {headroom:.0%} headroom"
+        )
+
+    return problems(split, global_batch, world_size, caps, min_batch, why if fitted else None)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -330,14 +323,3 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
-
-
-def parse_split(text: str) -> list[int]:
-    """Parse "3,2,2,1" (commas or spaces) into integers, with a clear error."""
-    parts = [p for p in text.replace(",", " ").split() if p]
-    if not parts:
-        raise BalanceError("empty split")
-    try:
-        return [int(p) for p in parts]
-    except ValueError:
-        raise BalanceError(f"split must be whole numbers separated by commas: {text!r}") from None

@@ -12,6 +12,7 @@ from telemetry.client import TelemetryClient
 from telemetry.errors import AuthError, ConnectionLost, TelemetryError
 from telemetry.protocol import DEFAULT_PORT_BASE
 from telemetry.records import COMMANDS, Dropped, Event, Hello, Message, Reply, Update
+from telemetry.split import parse as parse_split
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -184,12 +185,7 @@ def parse_args(cmd: str, text: str | None) -> dict[str, Any]:
             raise ValueError("ARGS must be a JSON object")
         return value
     if cmd == "rebalance":
-        try:
-            return {"split": [int(part) for part in text.split(",")]}
-        except ValueError:
-            raise ValueError(
-                f"bad split {text!r}: expected comma-separated ints, e.g. 2,2,2"
-            ) from None
+        return {"split": parse_split(text)}  # SplitError is a ValueError
     raise ValueError(f"{cmd} takes no arguments (got {text!r})")
 
 

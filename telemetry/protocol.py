@@ -103,6 +103,7 @@ from telemetry.records import (
     Event,
     Message,
 )
+from telemetry.split import shape_problem
 
 VERSION = PROTOCOL_VERSION
 DEFAULT_PORT_BASE = 47800
@@ -301,9 +302,9 @@ def check_args(cmd: str, args: dict[str, Any]) -> str:
     if cmd not in COMMANDS:
         return f"unknown command {short(cmd)}; known: {', '.join(sorted(COMMANDS))}"
     if cmd == "rebalance":
-        split = args.get("split")
-        if not isinstance(split, list) or not split or not all(_is_int(n) and n > 0 for n in split):
-            return f"rebalance needs args.split: a list of positive ints, got {short(split)}"
+        shape = shape_problem(args.get("split"))
+        if shape:
+            return f"rebalance needs args.split: {shape}"
         extra = set(args) - {"split"}
     else:
         extra = set(args)

@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
 
-# Control commands a run understands; anything else is refused before it reaches the trainer.
-COMMANDS = frozenset({"pause", "resume", "checkpoint", "rebalance", "stop"})
+# The control commands a run understands, each with the code ranks broadcast it by (trainer/
+# distributed.py). The one list: anything else is refused before it reaches the trainer.
+COMMANDS: dict[str, int] = {"pause": 1, "resume": 2, "checkpoint": 3, "rebalance": 4, "stop": 5}
 
 # Event kinds a rank may emit.
 EVENT_KINDS = frozenset(

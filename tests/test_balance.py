@@ -13,11 +13,12 @@ from telemetry.balance import (
     RankModel,
     RankSample,
     fit,
-    parse_split,
     predict,
     propose,
     validate,
 )
+from telemetry.split import SplitError
+from telemetry.split import parse as parse_split
 
 GiB = 2**30
 
@@ -234,7 +235,7 @@ def test_validate_lists_every_problem():
 
 def test_parse_split():
     assert parse_split("3,2, 2 1") == [3, 2, 2, 1]
-    with pytest.raises(BalanceError, match="whole numbers"):
+    with pytest.raises(SplitError, match="whole numbers"):
         parse_split("3,x")
-    with pytest.raises(BalanceError, match="empty"):
+    with pytest.raises(SplitError, match="empty"):
         parse_split(" , ")

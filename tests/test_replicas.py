@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from telemetry.control import CommandQueue
+from telemetry.split import problems
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.controller import Controller, validate_split
+from trainer.controller import Controller
 from trainer.distributed import Cluster
 from trainer.train import memory_caps, train
 
@@ -86,7 +87,7 @@ def test_controller_refuses_before_broadcasting():
     ],
 )
 def test_validate_split(split, caps, message):
-    assert message in validate_split(split, [2, 2, 2], caps)
+    assert message in "; ".join(problems(split, 6, 3, caps))
 
 
 def test_memory_caps_follow_the_measured_peak():

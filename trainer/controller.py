@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from telemetry.control import CommandQueue, CommandResult, PendingCommand
+from telemetry.records import COMMANDS
+from telemetry.split import problems
 from trainer.distributed import Cluster
 
 HEARTBEAT_S = 0.5  # while paused, ranks exchange a heartbeat about twice a second
@@ -56,8 +58,10 @@ class Controller:
         if p.cmd == "resume" and not self.paused:
             return "not paused"
         if p.cmd == "rebalance":
-            return validate_split(p.args.get("split"), split, mem_caps)
-        if p.cmd not in ("pause", "resume", "checkpoint", "stop"):
+            return (
+                "; ".join(problems(p.args.get("split"), sum(split), len(split), mem_caps)) or None
+            )
+        if p.cmd not in COMMANDS:
             return f"unknown command {p.cmd!r}"
         return None
 
@@ -66,26 +70,3 @@ class Controller:
         """Resolve rank 0's pending command: applied at `step`, or refused and why."""
         if action.pending is not None:
             action.pending.resolve(CommandResult(ok=ok, step=step, result=result, error=error))
-
-
-def validate_split(
-    new: object, current: list[int], mem_caps: list[int | None] | None = None
-) -> str | None:
-    """None if `new` can replace `current` (same global batch), else why not."""
-    if not isinstance(new, (list, tuple)) or not all(
-        isinstance(b, int) and not isinstance(b, bool) for b in new
-    ):
-        return f"a split is a list of integers, got {new!r}"
-    if len(new) != len(current):
-        return f"split {list(new)} has {len(new)} values for {len(current)} ranks"
-    if any(b < 1 for b in new):
-        return f"every rank needs at least 1 sample, got {list(new)}"
-    if sum(new) != sum(current):
-        return (
-            f"split {list(new)} sums to {sum(new)}, but the global batch is {sum(current)} "
-            f"(current split {current}); a rebalance keeps the global batch"
-        )
-    for r, (b, cap) in enumerate(zip(new, mem_caps or [None] * len(new), strict=True)):
-        if cap is not None and b > cap:
-            return f"rank {r} can hold at most {cap} samples within its memory limit, not {b}"
-    return None

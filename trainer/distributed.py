@@ -13,6 +13,8 @@ from functools import reduce
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from telemetry.records import COMMANDS
+
 # Gradients are all-reduced in buckets of this size, each evaluated on its own so that only one
 # bucket's flat copy exists at a time: 32 MiB as nn.average_gradients for ring/JACCL/MPI (a
 # Mac's memory is the run's limit), 1 GiB for NCCL. On two H200s over NVLink 541 MB of FP32
@@ -20,16 +22,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 BUCKET_BYTES = 32 * 1024**2
 BUCKET_BYTES_BY_BACKEND = {"nccl": 1024 * 1024**2}
 
-# Commands travel between ranks as small integer vectors: [code, payload...].
-CODES = {
-    "none": 0,
-    "pause": 1,
-    "resume": 2,
-    "checkpoint": 3,
-    "rebalance": 4,
-    "stop": 5,
-    "heartbeat": 6,
-}
+# Commands travel between ranks as small integer vectors: [code, payload...]. Besides the
+# operator's commands, "none" (most boundaries) and "heartbeat" (while paused).
+CODES = {"none": 0, **COMMANDS, "heartbeat": max(COMMANDS.values()) + 1}
 NAMES = {v: k for k, v in CODES.items()}
 
 

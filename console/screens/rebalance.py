@@ -19,6 +19,8 @@ from textual.widgets import Button, Input, Static
 
 from console import fmt
 from telemetry import balance
+from telemetry.split import SplitError
+from telemetry.split import parse as parse_split
 
 
 class RebalanceScreen(ModalScreen[list[int] | None]):
@@ -124,8 +126,8 @@ class RebalanceScreen(ModalScreen[list[int] | None]):
     def problems(self, text: str) -> tuple[list[int] | None, list[str]]:
         """The parsed split and everything wrong with it."""
         try:
-            split = balance.parse_split(text)
-        except balance.BalanceError as e:
+            split = parse_split(text)
+        except SplitError as e:
             return None, [str(e)]
         models = self.models if len(self.models) == len(self.current) else None
         errors = balance.validate(
@@ -139,8 +141,8 @@ class RebalanceScreen(ModalScreen[list[int] | None]):
         split, errors = self.problems(text)
         self.split = split
         try:
-            edited = balance.parse_split(text)
-        except balance.BalanceError:
+            edited = parse_split(text)
+        except SplitError:
             edited = None
         self.query_one("#table", Static).update(self._table(edited))
         self.query_one("#summary", Static).update(self._summary(edited))
