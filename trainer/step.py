@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
+from trainer import memory
+from trainer.distributed import Cluster
 from trainer.loss import head_loss
 from trainer.model import GPT
 
@@ -21,6 +26,29 @@ def zeros_f32(params: Tree) -> Tree:
 def global_norm(tree: Tree) -> mx.array:
     """The L2 norm of every array in the tree together, in FP32."""
     return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for _, g in tree_flatten(tree)))
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFigures:
+    """What one update did and how long each of its phases took."""
+
+    loss_sum: float  # summed token loss over every rank
+    tokens: int  # real tokens in the update, over every rank
+    local_tokens: int  # this rank's share
+    grad_norm: float  # before clipping
+    compute_s: float  # microsteps (forward, backward, FP32 accumulation)
+    wait_s: float  # waiting at the barrier for the slowest rank
+    transfer_s: float  # the gradient all-reduce
+    optimizer_s: float
+    update_s: float
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.tokens)
+
+
+def _no_stage(stage: str) -> None:
+    pass
 
 
 class Stepper:
@@ -53,6 +81,64 @@ class Stepper:
         self._eval = mx.compile(self._loss_sums)
         state = [model.state, optimizer.state]
         self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+
+    # --- one update: microsteps, barrier, all-reduce, optimizer (the only definition of it)
+    def update(
+        self,
+        batches: Iterable[mx.array],
+        lr: float,
+        *,
+        sequential: bool = True,
+        cluster: Cluster | None = None,
+        stage: Callable[[str], None] = _no_stage,
+    ) -> UpdateFigures:
+        """Accumulate FP32 gradients over `batches`, sum them over ranks, then step.
+
+        `stage` hears each phase as it starts ("compute", "barrier", "all-reduce",
+        "optimizer"): the watchdog's view of where a stuck update is.
+        """
+        stage("compute")
+        t_start = time.perf_counter()
+        memory.reset_peak()
+        if sequential:
+            acc = zeros_f32(self.model.trainable_parameters())
+            loss_sum, ntok = mx.array(0.0), mx.array(0.0)
+            for batch in batches:
+                acc, loss_sum, ntok = self.microstep(acc, loss_sum, ntok, batch)
+                mx.eval(acc, loss_sum, ntok)  # a sync point: frees this microbatch's graph
+        else:
+            acc, loss_sum, ntok = self.unrolled(list(batches))
+            mx.eval(acc, loss_sum, ntok)
+        compute_s = time.perf_counter() - t_start
+
+        wait_s = transfer_s = 0.0
+        sums = mx.stack([loss_sum, ntok])
+        if cluster is not None and cluster.size > 1:
+            stage("barrier")
+            wait_s = cluster.barrier()  # time spent waiting for the slowest rank
+            stage("all-reduce")
+            t0 = time.perf_counter()
+            acc, sums = cluster.sum_gradients(acc, sums)
+            mx.eval(acc, sums)
+            transfer_s = time.perf_counter() - t0
+
+        stage("optimizer")
+        t0 = time.perf_counter()
+        grad_norm = self.apply(acc, sums[1], lr)
+        mx.eval(self.model.parameters(), self.optimizer.state, grad_norm)
+        loss_total, tokens = sums.tolist()
+        t_end = time.perf_counter()
+        return UpdateFigures(
+            loss_sum=loss_total,
+            tokens=int(tokens),
+            local_tokens=int(ntok.item()),
+            grad_norm=grad_norm.item(),
+            compute_s=compute_s,
+            wait_s=wait_s,
+            transfer_s=transfer_s,
+            optimizer_s=t_end - t0,
+            update_s=t_end - t_start,
+        )
 
     # --- loss: the sum of per-token cross-entropy over real tokens, and their count
     def _loss_sums(self, params: Tree, batch: mx.array) -> tuple[mx.array, mx.array]:
@@ -111,3 +197,19 @@ class Stepper:
         """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm."""
         self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
         return self._apply(grad_sum, ntok)
+
+
+class SlowedStepper(Stepper):
+    """A stand-in for a slower machine, for tests and demos: each microstep takes `factor`
+    times as long (it computes, then sleeps for the difference)."""
+
+    def __init__(self, *args, factor: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.factor = factor
+
+    def microstep(self, acc: Tree, loss_sum: mx.array, ntok: mx.array, batch: mx.array):
+        t0 = time.perf_counter()
+        out = super().microstep(acc, loss_sum, ntok, batch)
+        mx.eval(out)
+        time.sleep((self.factor - 1) * (time.perf_counter() - t0))
+        return out
