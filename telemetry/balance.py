@@ -70,12 +70,21 @@ class RankModel:
 
     def cap(self, headroom: float = 0.15) -> int | None:
         """Largest local batch whose predicted peak stays under (1 - headroom) of the limit."""
-        if self.mem_limit is None:
-            return None
-        budget = (1.0 - headroom) * self.mem_limit - self.base_mem
-        if self.per_sample_mem <= 0:
-            return None if budget >= 0 else 0
-        return max(0, math.floor(budget / self.per_sample_mem))
+        return batch_cap(self.mem_limit, self.base_mem, self.per_sample_mem, headroom)
+
+
+def batch_cap(
+    limit: float | None, base_mem: float, per_sample_mem: float, headroom: float = 0.15
+) -> int | None:
+    """The memory model, the one the balancer and the trainer's rebalance check share: the
+    largest local batch whose peak (base + per sample x batch) stays under (1 - headroom) of
+    `limit` bytes. None when there is no limit (or no cost per sample)."""
+    if limit is None:
+        return None
+    budget = (1.0 - headroom) * limit - base_mem
+    if per_sample_mem <= 0:
+        return None if budget >= 0 else 0
+    return max(0, math.floor(budget / per_sample_mem))
 
 
 @dataclass(slots=True)

@@ -33,27 +33,3 @@ class NullReporter:
 
     def close(self) -> None:
         pass
-
-
-class FanOut:
-    """Hands each record to several reporters in order."""
-
-    def __init__(self, *reporters: Reporter) -> None:
-        self.reporters = list(reporters)
-
-    def on_update(self, record: Update) -> None:
-        for r in self.reporters:
-            r.on_update(record)
-
-    def on_event(self, event: Event) -> None:
-        for r in self.reporters:
-            r.on_event(event)
-
-    def set_hello(self, **changes: Any) -> None:
-        """What a late subscriber is told about this rank (e.g. its local batch)."""
-        for r in self.reporters:
-            r.set_hello(**changes)
-
-    def close(self) -> None:
-        for r in self.reporters:
-            r.close()

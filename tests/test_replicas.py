@@ -10,7 +10,8 @@ from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.distributed import Cluster
-from trainer.train import memory_caps, train
+from trainer.memory import memory_caps
+from trainer.train import train
 
 
 class FakeGroup:

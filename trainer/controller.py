@@ -1,7 +1,10 @@
-"""Operator commands applied by every rank at the same update boundary."""
+"""Operator commands handed to every rank at the same update boundary."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from telemetry.control import CommandQueue, CommandResult, PendingCommand
@@ -10,6 +13,10 @@ from telemetry.split import problems
 from trainer.distributed import Cluster
 
 HEARTBEAT_S = 0.5  # while paused, ranks exchange a heartbeat about twice a second
+MiB = 1024**2
+
+# (split, every rank's peak bytes) -> the largest local batch each rank's memory allows
+CapsModel = Callable[[list[int], list[float]], list[int | None]]
 
 
 @dataclass
@@ -23,19 +30,29 @@ class Action:
 
 class Controller:
     """Rank 0 takes commands from a queue (telemetry, signals); one tiny all-reduce per
-    boundary hands the chosen one to every rank, so all apply it at the same update."""
+    boundary hands the chosen one to every rank, so all apply it at the same update. The same
+    all-reduce carries every rank's peak memory, so the memory caps a rebalance is checked
+    against are refreshed at every boundary."""
 
-    def __init__(self, cluster: Cluster, queue: CommandQueue | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        queue: CommandQueue | None = None,
+        caps_model: CapsModel | None = None,
+    ) -> None:
         self.cluster = cluster
         self.queue = queue if queue is not None else CommandQueue()
+        self.caps_model = caps_model
         self.paused = False
+        self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
 
-    def exchange(self, split: list[int], mem_caps: list[int | None] | None = None) -> Action:
-        """Called by every rank at every boundary (and as the heartbeat while paused)."""
+    def exchange(self, split: list[int], peak: float = 0.0) -> Action:
+        """Called by every rank at every boundary (and as the heartbeat while paused), with
+        this rank's peak memory of the last update in bytes."""
         pending, name, payload = None, "none", []
         if self.cluster.is_root:
             while (pending := self.queue.poll()) is not None:
-                why = self._refusal(pending, split, mem_caps)
+                why = self._refusal(pending, split)
                 if why is None:
                     name = pending.cmd
                     payload = list(pending.args.get("split", [])) if name == "rebalance" else []
@@ -43,24 +60,26 @@ class Controller:
                 pending.resolve(CommandResult(ok=False, error=why))
         if self.paused and name == "none":
             name = "heartbeat"
-        name, payload = self.cluster.broadcast_command(name, payload)
+        name, payload, peaks_mib = self.cluster.broadcast_command(name, payload, peak / MiB)
+        self.peaks = [p * MiB for p in peaks_mib]
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
         return Action(name, payload, pending)
 
-    def _refusal(
-        self, p: PendingCommand, split: list[int], mem_caps: list[int | None] | None
-    ) -> str | None:
+    def caps(self, split: list[int]) -> list[int | None] | None:
+        """Each rank's largest local batch within its memory limit, from the last peaks."""
+        return self.caps_model(split, self.peaks) if self.caps_model else None
+
+    def _refusal(self, p: PendingCommand, split: list[int]) -> str | None:
         if p.cmd == "pause" and self.paused:
             return "already paused"
         if p.cmd == "resume" and not self.paused:
             return "not paused"
         if p.cmd == "rebalance":
-            return (
-                "; ".join(problems(p.args.get("split"), sum(split), len(split), mem_caps)) or None
-            )
+            why = problems(p.args.get("split"), sum(split), len(split), self.caps(split))
+            return "; ".join(why) or None
         if p.cmd not in COMMANDS:
             return f"unknown command {p.cmd!r}"
         return None
@@ -70,3 +89,25 @@ class Controller:
         """Resolve rank 0's pending command: applied at `step`, or refused and why."""
         if action.pending is not None:
             action.pending.resolve(CommandResult(ok=ok, step=step, result=result, error=error))
+
+
+@contextlib.contextmanager
+def stop_on_signals(queue: CommandQueue, say: Callable[[str], None]) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP (a closed SSH session) become a `stop` at the next boundary:
+    a checkpoint and a clean exit. A second signal interrupts at once."""
+    signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.getsignal(s) for s in signums}
+
+    def _stop(signum, frame):
+        signal.signal(signum, signal.default_int_handler)
+        name = signal.Signals(signum).name
+        say(f"fleet train: {name}: stopping at the next update (again to interrupt now)")
+        queue.submit("stop", {"reason": name})
+
+    for s in signums:
+        signal.signal(s, _stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

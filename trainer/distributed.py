@@ -176,21 +176,27 @@ class Cluster:
             return list(values)
         return self._sum(mx.array(values, dtype=mx.float32)).tolist()
 
-    def broadcast_command(self, cmd: str, payload: list[int]) -> tuple[str, list[int]]:
-        """Rank 0's command reaches every rank at the same boundary (others pass "none").
+    def broadcast_command(
+        self, cmd: str, payload: list[int], figure: float = 0.0
+    ) -> tuple[str, list[int], list[float]]:
+        """Rank 0's command reaches every rank at the same boundary (others pass "none"), and
+        every rank's `figure` (its peak memory in MiB) reaches every rank.
 
-        The vector is [code, len, payload...] padded to a fixed width, summed with zeros from
-        every other rank: one tiny all-reduce, the same call on every rank.
+        The vector is [code, len, payload..., figure per rank] at a fixed width, summed with
+        zeros from every other rank: one tiny all-reduce, the same call on every rank. FP32
+        holds whole numbers exactly up to 2**24, so figures are sent in MiB.
         """
-        width = 3 + self.size  # code, length, up to one value per rank (a split)
-        vec = [0] * width
+        width = 3 + 2 * self.size  # code, length, up to one value per rank (a split), figures
+        vec = [0.0] * width
         if self.is_root:
             vec[0], vec[1] = CODES[cmd], len(payload)
             vec[2 : 2 + len(payload)] = payload
+        vec[3 + self.size + self.rank] = figure
         if self.size > 1:
-            vec = [int(round(v)) for v in self._sum(mx.array(vec, dtype=mx.float32)).tolist()]
-        code, n = vec[0], vec[1]
-        return NAMES.get(code, "none"), vec[2 : 2 + n]
+            vec = self._sum(mx.array(vec, dtype=mx.float32)).tolist()
+        code, n = int(round(vec[0])), int(round(vec[1]))
+        payload = [int(round(v)) for v in vec[2 : 2 + n]]
+        return NAMES.get(code, "none"), payload, vec[3 + self.size :]
 
     def gather_bytes(self, blob: bytes) -> list[bytes]:
         """Every rank's `blob` (all the same length), in rank order."""

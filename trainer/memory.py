@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from telemetry.balance import batch_cap
+
 GiB = 1024**3
 
 
@@ -59,3 +61,19 @@ def device_name() -> str:
         except Exception:
             return "gpu"
     return platform.processor() or platform.machine() or "cpu"
+
+
+def memory_caps(cfg, split: list[int], peaks: list[float]) -> list[int | None]:
+    """The largest local batch each rank's --memory-limit-gb allows, from its measured peak.
+
+    The whole peak counts as per-sample cost (weights included), which overstates it, so the
+    caps err on the safe side. None where a rank has no limit or has not measured a peak yet.
+    """
+    world, caps = len(split), []
+    for r, (batch, peak) in enumerate(zip(split, peaks, strict=True)):
+        limit = cfg.per_rank("memory_limit_gb", world, r)
+        if limit is None or peak <= 0:
+            caps.append(None)
+        else:
+            caps.append(max(1, batch_cap(limit * GiB, 0.0, peak / batch, headroom=0.0) or 0))
+    return caps

@@ -14,20 +14,41 @@ import mlx.core as mx
 import mlx.optimizers as optim
 import psutil
 
-from telemetry import sysmem
+from telemetry import auth, sysmem
 from telemetry.control import CommandQueue
 from telemetry.files import atomic_write
-from telemetry.records import PROTOCOL_VERSION, Event, Hello, run_id_of
-from telemetry.reporter import FanOut, NullReporter, Reporter
+from telemetry.hub import Hub
+from telemetry.records import PROTOCOL_VERSION, Event, Hello, Update, run_id_of
+from telemetry.reporter import NullReporter, Reporter
 from trainer import checkpoint, memory
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import Dataset, SyntheticStream, TrainStream, val_batches
-from trainer.distributed import Cluster
+from trainer.distributed import Cluster, Watchdog
 from trainer.model import GPT, ModelConfig, padded_vocab
 from trainer.optim import make_optimizer
+from trainer.step import SlowedStepper, Stepper, UpdateFigures
 
 SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
 SYNTHETIC_VAL_OFFSET = 1 << 40  # held-out synthetic samples live far beyond any cursor
+
+
+class ReplicaMismatch(RuntimeError):
+    """Ranks that should hold identical weights do not."""
+
+
+@dataclass
+class Data:
+    """Where samples come from, and what a checkpoint must share with them."""
+
+    stream: Any  # TrainStream or SyntheticStream: .batch(cursor, global, offset, local)
+    seq_len: int
+    vocab: int
+    pad_id: int
+    identity: str  # the dataset's digest (or the synthetic stream's description)
+    tokenizer_identity: dict[str, Any]
+    description: str
+    dataset: Dataset | None = None
+    tokenizer: Any = None
 
 
 @dataclass
@@ -38,55 +59,146 @@ class Run:
     cluster: Cluster
     model: GPT
     optimizer: optim.Optimizer
+    stepper: Stepper
     state: dict[str, Any]  # step, tokens, cursor, split, ...: saved as state.json
-    stream: Any  # TrainStream or SyntheticStream
-    seq_len: int
-    pad_id: int
+    data: Data
     identity: dict[str, Any]  # what a checkpoint must share with this run to resume it
     banner: str
     reporter: Reporter = field(default_factory=NullReporter)
-    commands: CommandQueue | None = None
-    mem_caps: list[int | None] | None = None
-    dataset: Dataset | None = None
-    tokenizer: Any = None
+    commands: CommandQueue = field(default_factory=CommandQueue)
+    watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 0))  # 0: never fires
+    stopping: bool = False  # a stop was applied at this boundary
+    last_saved: Path | None = None
+    saved_at: int | None = None  # the step of the newest checkpoint of this run
 
-    def evaluate(self, stepper) -> tuple[float, int]:
-        """Token-weighted loss on the held-out split; ranks share the batches, then sum."""
+    # --- samples of the global order: this rank's slice of each microbatch of the update
+    def batches(self):
+        """The update's `accum` microbatches for this rank, read as they are consumed."""
+        split, rank = self.state["split"], self.cluster.rank
+        global_batch, offset = sum(split), sum(split[:rank])
+        for m in range(self.cfg.accum):
+            cursor = self.state["cursor"] + m * global_batch
+            yield mx.array(self.data.stream.batch(cursor, global_batch, offset, split[rank]))
+
+    def advance(self, figures: UpdateFigures, lr: float) -> None:
+        """Move the loop state past one update."""
+        s = self.state
+        s.update(
+            step=s["step"] + 1,
+            tokens=s["tokens"] + figures.tokens,
+            cursor=s["cursor"] + self.cfg.accum * sum(s["split"]),
+            lr=lr,
+        )
+
+    # --- what every rank tells telemetry
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        """One event of this rank at the current update."""
+        self.reporter.on_event(Event(kind, self.cluster.rank, self.state["step"], message, data))
+
+    def record(self, f: UpdateFigures, mem: memory.MemoryFigures) -> Update:
+        """The update just finished, as telemetry's record (sent to every subscriber)."""
+        s, rank = self.state, self.cluster.rank
+        rec = Update(
+            rank=rank,
+            step=s["step"],
+            tokens=s["tokens"],
+            update_tokens=f.tokens,
+            local_tokens=f.local_tokens,
+            loss=f.loss,
+            lr=s["lr"],
+            grad_norm=f.grad_norm,
+            local_batch=s["split"][rank],
+            microsteps=self.cfg.accum,
+            compute_s=f.compute_s,
+            wait_s=f.wait_s,
+            transfer_s=f.transfer_s,
+            optimizer_s=f.optimizer_s,
+            update_s=f.update_s,
+            active_mem=mem.active,
+            peak_mem=mem.peak,
+            cache_mem=mem.cache,
+            tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
+            simulated=isinstance(self.stepper, SlowedStepper),
+            **sysmem.sample().update_fields(),
+        )
+        self.reporter.on_update(rec)
+        return rec
+
+    # --- evaluation, samples, checkpoints
+    def evaluate(self) -> tuple[float, int]:
+        """Token-weighted loss on the held-out rows; ranks share the batches, then sum."""
         c, batch = self.cluster, max(self.state["split"])
         limit = self.cfg.eval_samples or None
-        if self.dataset is not None:
-            batches = val_batches(self.dataset, batch, limit)
+        if self.data.dataset is not None:
+            batches = val_batches(self.data.dataset, batch, limit)
         else:
             n = limit or 64
             batches = (
-                self.stream.batch(SYNTHETIC_VAL_OFFSET + i, n, 0, min(batch, n - i))
+                self.data.stream.batch(SYNTHETIC_VAL_OFFSET + i, n, 0, min(batch, n - i))
                 for i in range(0, n, batch)
             )
         loss, tokens = 0.0, 0.0
         for i, b in enumerate(batches):
             if i % c.size == c.rank:
-                ls, nt = stepper.eval_sums(mx.array(b))
+                ls, nt = self.stepper.eval_sums(mx.array(b))
                 mx.eval(ls, nt)
                 loss, tokens = loss + ls.item(), tokens + nt.item()
         loss, tokens = c.all_sum_floats([loss, tokens])
         return loss / max(tokens, 1.0), int(tokens)
 
-    def sample(self, model: GPT) -> str:
+    def sample(self) -> str:
         """Text generated from the prompt (rank 0 only; no collectives)."""
-        if self.tokenizer is None:
+        if self.data.tokenizer is None:
             return "(no tokenizer: synthetic data)"
-        prompt = [int(t) for t in self.tokenizer.encode(self.cfg.prompt)]
-        ids = model.generate(
-            prompt, self.cfg.sample_tokens, seed=self.cfg.seed + self.state["step"]
+        tok, prompt = self.data.tokenizer, self.cfg.prompt
+        ids = self.model.generate(
+            [int(t) for t in tok.encode(prompt)],
+            self.cfg.sample_tokens,
+            seed=self.cfg.seed + self.state["step"],
         )
-        return self.cfg.prompt + self.tokenizer.decode(ids)
+        return prompt + tok.decode(ids)
 
-    def system_memory(self) -> dict[str, Any]:
-        return sysmem.sample().update_fields()
+    def save(self) -> Path | None:
+        """Checkpoint the current update: every rank proves its replica, rank 0 writes.
+        A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
+        step, model, opt = self.state["step"], self.model, self.optimizer
+        self.watchdog.progress("checkpoint")
+        digests = self.cluster.gather_bytes(
+            checkpoint.replica_digest(model.parameters(), opt.state)
+        )
+        agree = len(set(digests)) == 1
+        path = None
+        if self.cluster.is_root:
+            path = checkpoint.save(
+                self.cfg.run_dir,
+                step,
+                params=model.parameters(),
+                optimizer_state=opt.state,
+                state={**self.state, "rng": "reseeded from --seed and the step"},
+                config=self.cfg.to_dict(),
+                identity={**self.identity, "replicas_agree": agree},
+                keep=self.cfg.keep_checkpoints,
+                make_latest=agree,
+            )
+            self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
+        self.last_saved, self.saved_at = path, step
+        if not agree:
+            majority = max(set(digests), key=digests.count)
+            differ = [r for r, d in enumerate(digests) if d != majority]
+            raise ReplicaMismatch(
+                f"replicas disagree at update {step}: rank(s) {differ} differ from the others; "
+                f"checkpoint {path or ''} kept but not made latest"
+            )
+        return path
+
+    def rebalance(self, split: list[int]) -> None:
+        """Take a new batch split from this boundary on (same global batch: same math)."""
+        self.state["split"] = self.identity["split"] = split
+        self.reporter.set_hello(local_batch=split[self.cluster.rank])
 
     def on_fatal(self, message: str) -> None:
         """Tell the operator before the process ends."""
-        self.reporter.on_event(Event("error", self.cluster.rank, self.state["step"], message))
+        self.event("error", message)
         self.reporter.close()
 
 
@@ -109,7 +221,7 @@ def open_run(
             run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
         )
 
-    # --- device, and memory limits per rank
+    # --- device, memory limits, data
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
     notes = memory.apply_limits(
@@ -117,30 +229,7 @@ def open_run(
         cfg.per_rank("memory_limit_gb", world, rank),
         cfg.per_rank("wired_limit_gb", world, rank),
     )
-
-    # --- data
-    dataset = tokenizer = None
-    if cfg.synthetic:
-        seq_len = cfg.seq_len or SYNTHETIC_SEQ_LEN
-        vocab = cfg.vocab or SYNTHETIC_VOCAB
-        stream = SyntheticStream(vocab, seq_len, cfg.seed)
-        pad_id = -1  # synthetic tokens are never padding
-        data_id, tok_id = f"synthetic:vocab={vocab}:seq={seq_len}", {"kind": "synthetic"}
-        data_desc = f"synthetic tokens (vocab {vocab})"
-    else:
-        from trainer.tokenizer import identity_digest_part, load_tokenizer
-
-        dataset = Dataset.open(cfg.data)
-        if cfg.seq_len and cfg.seq_len != dataset.seq_len:
-            raise ConfigError(
-                f"--seq-len {cfg.seq_len} differs from the dataset's {dataset.seq_len} "
-                f"({cfg.data}); prepare the data again with --seq-len {cfg.seq_len}"
-            )
-        seq_len, vocab, pad_id = dataset.seq_len, dataset.vocab_size, dataset.pad_id
-        stream = TrainStream(dataset, cfg.seed)
-        tokenizer = load_tokenizer(dataset.tokenizer)
-        data_id, tok_id = dataset.digest, identity_digest_part(dataset.tokenizer)
-        data_desc = f"{cfg.data} ({dataset.num_train:,} train / {dataset.num_val:,} val samples)"
+    data = open_data(cfg)
 
     # --- model and optimizer
     try:
@@ -148,8 +237,8 @@ def open_run(
             depth=cfg.depth,
             width=cfg.width,
             heads=cfg.heads,
-            vocab=cfg.vocab or padded_vocab(vocab),
-            seq_len=seq_len,
+            vocab=cfg.vocab or padded_vocab(data.vocab),
+            seq_len=data.seq_len,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -161,53 +250,48 @@ def open_run(
     optimizer.init(model.trainable_parameters())
 
     # --- the loop state, fresh or resumed
-    split = cfg.split(world)
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "cursor": 0, "split": split, "lr": 0.0}
-    if resume is not None:
-        manifest = checkpoint.verify(resume)
-        saved = checkpoint.read_json(resume, checkpoint.STATE)
-        if "local_batches" not in explicit and "local_batch" not in explicit:
-            # keep the split the run had at the checkpoint (a rebalance may have changed it)
-            if len(saved["split"]) == world:
-                split = saved["split"]
-            elif sum(split) != sum(saved["split"]):
-                raise ConfigError(
-                    f"{resume} was saved by {len(saved['split'])} rank(s) with split "
-                    f"{saved['split']}; this run has {world}: give --local-batches with the "
-                    f"same global batch ({sum(saved['split'])})"
-                )
+    split = resumed_split(cfg, world, resume, explicit)
     identity = {
         "architecture": mcfg.to_dict(),
-        "tokenizer": tok_id,
-        "dataset": data_id,
+        "tokenizer": data.tokenizer_identity,
+        "dataset": data.identity,
         "global_batch": {"microbatch": sum(split), "accum": cfg.accum},
         "precision": cfg.precision,
         "world_size": world,
         "split": split,
     }
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "cursor": 0, "split": split, "lr": 0.0}
     if resume is not None:
-        checkpoint.check_compatible(manifest, identity, resume)
+        checkpoint.check_compatible(checkpoint.verify(resume), identity, resume)
         params, opt_state = checkpoint.load_arrays(resume)
         model.update(params)
         optimizer.state = opt_state
         mx.eval(model.parameters(), optimizer.state)
-        state = {**saved, "split": split}
+        state = {**checkpoint.read_json(resume, checkpoint.STATE), "split": split}
         say(
             f"resumed from {resume} at update {state['step']} "
             f"({state['tokens']:,} tokens, data cursor {state['cursor']:,})"
         )
     state["start_step"] = state["step"]
+    # The compiled step captures the optimizer state: build it once that state is final.
+    slowdown = cfg.slowdown(world, rank)
+    stepper = (SlowedStepper if slowdown > 1 else Stepper)(
+        model,
+        optimizer,
+        precision=cfg.precision,
+        pad_id=data.pad_id,
+        grad_clip=cfg.grad_clip,
+        loss_chunk=cfg.loss_chunk,
+        **({"factor": slowdown} if slowdown > 1 else {}),
+    )
 
-    # --- telemetry and control
-    commands = CommandQueue() if cluster.is_root else None
-    reporter = open_telemetry(cfg, cluster, commands, split, mcfg, say)
-
+    commands = CommandQueue()
     banner = (
         f"run {run_dir}: GPT {model.num_params() / 1e6:.2f}M params (depth {mcfg.depth}, "
-        f"width {mcfg.width}, heads {mcfg.heads}, vocab {mcfg.vocab}, seq {seq_len}), "
+        f"width {mcfg.width}, heads {mcfg.heads}, vocab {mcfg.vocab}, seq {data.seq_len}), "
         f"{cfg.precision}, {cfg.accum_mode} accumulation\n"
         f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
-        f"{sum(split) * cfg.accum} samples/update; data {data_desc}"
+        f"{sum(split) * cfg.accum} samples/update; data {data.description}"
         + (f"\n  memory: {', '.join(notes)}" if notes else "")
         + (
             f"\n  SIMULATED slowdown per rank: {cfg.simulate_slowdown} (for tests and demos)"
@@ -215,43 +299,87 @@ def open_run(
             else ""
         )
     )
-    return Run(
+    run = Run(
         cfg=cfg,
         cluster=cluster,
         model=model,
         optimizer=optimizer,
+        stepper=stepper,
         state=state,
-        stream=stream,
-        seq_len=seq_len,
-        pad_id=pad_id,
+        data=data,
         identity=identity,
         banner=banner,
-        reporter=reporter,
+        reporter=open_telemetry(cfg, cluster, commands, split, say),
         commands=commands,
-        mem_caps=None,
-        dataset=dataset,
-        tokenizer=tokenizer,
+        saved_at=state["step"] if resume is not None else None,
     )
+    run.watchdog = Watchdog(cfg.collective_timeout, rank, on_expire=run.on_fatal)
+    return run
+
+
+def open_data(cfg: TrainConfig) -> Data:
+    """The prepared dataset (and its tokenizer), or synthetic tokens."""
+    if cfg.synthetic:
+        seq_len = cfg.seq_len or SYNTHETIC_SEQ_LEN
+        vocab = cfg.vocab or SYNTHETIC_VOCAB
+        return Data(
+            stream=SyntheticStream(vocab, seq_len, cfg.seed),
+            seq_len=seq_len,
+            vocab=vocab,
+            pad_id=-1,  # synthetic tokens are never padding
+            identity=f"synthetic:vocab={vocab}:seq={seq_len}",
+            tokenizer_identity={"kind": "synthetic"},
+            description=f"synthetic tokens (vocab {vocab})",
+        )
+    from trainer.tokenizer import identity_digest_part, load_tokenizer
+
+    dataset = Dataset.open(cfg.data)
+    if cfg.seq_len and cfg.seq_len != dataset.seq_len:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} differs from the dataset's {dataset.seq_len} "
+            f"({cfg.data}); prepare the data again with --seq-len {cfg.seq_len}"
+        )
+    return Data(
+        stream=TrainStream(dataset, cfg.seed),
+        seq_len=dataset.seq_len,
+        vocab=dataset.vocab_size,
+        pad_id=dataset.pad_id,
+        identity=dataset.digest,
+        tokenizer_identity=identity_digest_part(dataset.tokenizer),
+        description=f"{cfg.data} ({dataset.num_train:,} train / {dataset.num_val:,} val samples)",
+        dataset=dataset,
+        tokenizer=load_tokenizer(dataset.tokenizer),
+    )
+
+
+def resumed_split(
+    cfg: TrainConfig, world: int, resume: Path | None, explicit: frozenset[str]
+) -> list[int]:
+    """The batch split this session starts with: the flags', or, on resume without them, the
+    split in force at the checkpoint (a rebalance may have changed it)."""
+    split = cfg.split(world)
+    if resume is None or "local_batches" in explicit or "local_batch" in explicit:
+        return split
+    saved = checkpoint.read_json(resume, checkpoint.STATE)["split"]
+    if len(saved) == world:
+        return saved
+    if sum(split) != sum(saved):
+        raise ConfigError(
+            f"{resume} was saved by {len(saved)} rank(s) with split {saved}; this run has "
+            f"{world}: give --local-batches with the same global batch ({sum(saved)})"
+        )
+    return split
 
 
 def open_telemetry(
     cfg: TrainConfig,
     cluster: Cluster,
-    commands: CommandQueue | None,
+    commands: CommandQueue,
     split: list[int],
-    mcfg: ModelConfig,
     say: Callable[[str], None],
 ) -> Reporter:
-    """This rank's telemetry hub (socket + Arrow log), or a null reporter when turned off."""
-    try:  # TEMPORARY until telemetry.hub lands
-        from telemetry import auth
-        from telemetry.hub import Hub
-    except ImportError:
-        return NullReporter()
-
-    rank = cluster.rank
-    run_dir = Path(cfg.run_dir)
-    key = auth.ensure_key(run_dir) if cluster.is_root else None  # kept across resumes
+    """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands."""
+    rank, run_dir = cluster.rank, Path(cfg.run_dir)
     hello = Hello(
         protocol=PROTOCOL_VERSION,
         run_id=run_id_of(run_dir),
@@ -272,8 +400,8 @@ def open_telemetry(
         hello=hello,
         port=port,
         unix_socket=cfg.telemetry_unix_socket,
-        commands=commands,
-        key=key,
+        commands=commands if cluster.is_root else None,
+        key=auth.ensure_key(run_dir) if cluster.is_root else None,  # kept across resumes
     )
     hub.start()
     if port and cluster.is_root:
@@ -281,4 +409,4 @@ def open_telemetry(
             f"  telemetry: ranks on {cfg.telemetry_bind}:{cfg.telemetry_port_base}+rank; "
             f"control key {run_dir / 'control.key'}"
         )
-    return FanOut(hub)
+    return hub

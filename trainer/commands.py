@@ -1,0 +1,56 @@
+"""What each operator command does when every rank applies it at an update boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from telemetry.records import COMMANDS
+from trainer.controller import Action, Controller
+from trainer.run import Run
+
+
+def _pause(run: Run, action: Action) -> dict[str, Any]:
+    run.event("paused", f"paused at update {run.state['step']}")
+    return {}
+
+
+def _resume(run: Run, action: Action) -> dict[str, Any]:
+    run.event("resumed", f"resumed at update {run.state['step']}")
+    return {}
+
+
+def _checkpoint(run: Run, action: Action) -> dict[str, Any]:
+    return {"path": str(run.save() or "")}
+
+
+def _rebalance(run: Run, action: Action) -> dict[str, Any]:
+    old, new = run.state["split"], action.payload
+    run.rebalance(new)
+    run.event("rebalanced", f"split {old} -> {new}", **{"from": old, "to": new})
+    return {"split": new}
+
+
+def _stop(run: Run, action: Action) -> dict[str, Any]:
+    run.stopping = True
+    path = str(run.save() or "")
+    run.event("stopped", "stopped by command", checkpoint=path)
+    return {"path": path}
+
+
+# One handler per command of the one command table; "none" and "heartbeat" do nothing.
+HANDLERS: dict[str, Callable[[Run, Action], dict[str, Any]]] = {
+    "pause": _pause,
+    "resume": _resume,
+    "checkpoint": _checkpoint,
+    "rebalance": _rebalance,
+    "stop": _stop,
+}
+assert HANDLERS.keys() == COMMANDS.keys(), "every command needs a handler"
+
+
+def apply(run: Run, action: Action) -> None:
+    """Apply the boundary's command on this rank; rank 0 answers whoever sent it."""
+    handler = HANDLERS.get(action.name)
+    if handler is not None:
+        Controller.answer(action, run.state["step"], **handler(run, action))
