@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig, add_arguments, load_file, resolve
+from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, load_file
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -18,7 +18,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_flags_override_the_file_which_overrides_defaults(tmp_path):
     f = tmp_path / "run.toml"
     f.write_text('data = "d"\ndepth = 3\nlocal-batches = [3, 2, 1]\nlr = 1\n')
-    cfg = resolve(parse("--config", str(f), "--depth", "5"))
+    cfg = from_args(parse("--config", str(f), "--depth", "5"))
     assert (cfg.data, cfg.depth, cfg.local_batches, cfg.lr) == ("d", 5, "3,2,1", 1.0)
     assert cfg.accum == TrainConfig.accum  # untouched default
     assert cfg.split(3) == [3, 2, 1]

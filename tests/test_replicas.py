@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from telemetry.control import CommandQueue
@@ -96,3 +98,18 @@ def test_memory_caps_follow_the_measured_peak():
     caps = memory_caps(cfg, [4, 2, 2], [4 * 2**30, 2**30, 2 * 2**30])
     assert caps == [8, 1, 4]
     assert memory_caps(TrainConfig(synthetic=True), [2, 2], [1.0, 1.0]) == [None, None]
+
+
+def test_rebalance_caps_come_from_the_last_boundary_not_the_log_line():
+    """The peaks ride the control all-reduce, so a rebalance is checked against the memory
+    measured in the last update even when no progress line was printed."""
+    cfg = TrainConfig(synthetic=True, memory_limit_gb="1")
+    queue = CommandQueue()
+    ctl = Controller(Cluster(FakeGroup()), queue, caps_model=partial(memory_caps, cfg))
+    ctl.exchange([4], peak=2 * 2**30)  # 0.5 GiB a sample: 2 samples fit in 1 GiB
+    assert ctl.caps([4]) == [2]
+    refused = queue.submit("rebalance", {"split": [4]})
+    assert ctl.exchange([4], peak=2 * 2**30).name == "none"
+    assert "rank 0 can hold at most 2" in refused.result().error
+    ctl.exchange([4], peak=2**30)  # a smaller peak lifts the cap at the next boundary
+    assert ctl.caps([4]) == [4]

@@ -56,7 +56,7 @@ def train(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
     from trainer import checkpoint
-    from trainer.config import FIELDS, ConfigError, explicit, resolve
+    from trainer.config import FIELDS, ConfigError, explicit, from_args
     from trainer.data import DatasetError
     from trainer.distributed import Cluster, WrongGroup
     from trainer.tokenizer import TokenizerError
@@ -86,7 +86,7 @@ def train(args: argparse.Namespace) -> int:
             base = checkpoint.read_json(resume_path, checkpoint.CONFIG)
             # A resumed run keeps the checkpoint's settings, except how this session ends.
             base = {k: v for k, v in base.items() if k in FIELDS and k not in ("stop_at",)}
-        cfg = resolve(args, base)
+        cfg = from_args(args, base)
         return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
     except (
         ConfigError,

@@ -267,7 +267,7 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def resolve(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
+def from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
     """Defaults < `base` (a resumed checkpoint's config) < --config file < explicit flags."""
     values: dict[str, Any] = dict(base or {})
     if getattr(args, "config", None):

@@ -112,7 +112,7 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
 
 def check_train_args(argv: list[str], world: int) -> None:
     """Parse the rank's `train` arguments here, so mistakes surface before any rank starts."""
-    from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, resolve
+    from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, from_args
 
     parser = argparse.ArgumentParser(prog="fleet train", add_help=False)
     add_arguments(parser)
@@ -127,7 +127,7 @@ def check_train_args(argv: list[str], world: int) -> None:
             if cfg.local_batches:
                 cfg.split(world)
         else:
-            cfg = resolve(args)
+            cfg = from_args(args)
             cfg.split(world)
         for name in ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb", "simulate_slowdown"):
             cfg.per_rank(name, world, 0)

@@ -217,11 +217,10 @@ def open_run(
         for p in checkpoint.clear_orphans(run_dir):
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
-        atomic_write(
-            run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
-        )
+        resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+        atomic_write(run_dir / "config.json", resolved)
 
-    # --- device, memory limits, data
+    # --- device, memory limits, data, model and optimizer
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
     notes = memory.apply_limits(
@@ -230,29 +229,12 @@ def open_run(
         cfg.per_rank("wired_limit_gb", world, rank),
     )
     data = open_data(cfg)
-
-    # --- model and optimizer
-    try:
-        mcfg = ModelConfig.from_sizes(
-            depth=cfg.depth,
-            width=cfg.width,
-            heads=cfg.heads,
-            vocab=cfg.vocab or padded_vocab(data.vocab),
-            seq_len=data.seq_len,
-        )
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    model = GPT(mcfg)
-    model.init_weights(cfg.seed)
-    if cfg.precision == "bf16":
-        model.set_dtype(mx.bfloat16)
-    optimizer = make_optimizer(cfg)
-    optimizer.init(model.trainable_parameters())
+    model, optimizer = build_model(cfg, data)
 
     # --- the loop state, fresh or resumed
     split = resumed_split(cfg, world, resume, explicit)
     identity = {
-        "architecture": mcfg.to_dict(),
+        "architecture": model.cfg.to_dict(),
         "tokenizer": data.tokenizer_identity,
         "dataset": data.identity,
         "global_batch": {"microbatch": sum(split), "accum": cfg.accum},
@@ -273,7 +255,8 @@ def open_run(
             f"({state['tokens']:,} tokens, data cursor {state['cursor']:,})"
         )
     state["start_step"] = state["step"]
-    # The compiled step captures the optimizer state: build it once that state is final.
+
+    # --- the compiled update (it captures the optimizer state: build it once that is final)
     slowdown = cfg.slowdown(world, rank)
     stepper = (SlowedStepper if slowdown > 1 else Stepper)(
         model,
@@ -284,11 +267,54 @@ def open_run(
         loss_chunk=cfg.loss_chunk,
         **({"factor": slowdown} if slowdown > 1 else {}),
     )
-
     commands = CommandQueue()
-    banner = (
-        f"run {run_dir}: GPT {model.num_params() / 1e6:.2f}M params (depth {mcfg.depth}, "
-        f"width {mcfg.width}, heads {mcfg.heads}, vocab {mcfg.vocab}, seq {data.seq_len}), "
+    run = Run(
+        cfg=cfg,
+        cluster=cluster,
+        model=model,
+        optimizer=optimizer,
+        stepper=stepper,
+        state=state,
+        data=data,
+        identity=identity,
+        banner=banner(cfg, model, data, world, split, notes),
+        reporter=open_telemetry(cfg, cluster, commands, split, say),
+        commands=commands,
+        saved_at=state["step"] if resume is not None else None,
+    )
+    run.watchdog = Watchdog(cfg.collective_timeout, rank, on_expire=run.on_fatal)
+    return run
+
+
+def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:
+    """A freshly initialized GPT sized for the data, and its optimizer."""
+    try:
+        mcfg = ModelConfig.from_sizes(
+            depth=cfg.depth,
+            width=cfg.width,
+            heads=cfg.heads,
+            vocab=cfg.vocab or padded_vocab(data.vocab),
+            seq_len=data.seq_len,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model = GPT(mcfg)
+    model.init_weights(cfg.seed)
+    if cfg.precision == "bf16":
+        model.set_dtype(mx.bfloat16)
+    optimizer = make_optimizer(cfg)
+    optimizer.init(model.trainable_parameters())
+    return model, optimizer
+
+
+def banner(
+    cfg: TrainConfig, model: GPT, data: Data, world: int, split: list[int], notes: list[str]
+) -> str:
+    """What the run is, in a few lines: printed at the start and sent as the first event."""
+    m = model.cfg
+    return (
+        f"run {cfg.run_dir}: GPT {model.num_params() / 1e6:.2f}M params (depth {m.depth}, "
+        f"width {m.width}, heads {m.heads}, vocab {m.vocab}, seq {data.seq_len}), "
         f"{cfg.precision}, {cfg.accum_mode} accumulation\n"
         f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
         f"{sum(split) * cfg.accum} samples/update; data {data.description}"
@@ -299,22 +325,6 @@ def open_run(
             else ""
         )
     )
-    run = Run(
-        cfg=cfg,
-        cluster=cluster,
-        model=model,
-        optimizer=optimizer,
-        stepper=stepper,
-        state=state,
-        data=data,
-        identity=identity,
-        banner=banner,
-        reporter=open_telemetry(cfg, cluster, commands, split, say),
-        commands=commands,
-        saved_at=state["step"] if resume is not None else None,
-    )
-    run.watchdog = Watchdog(cfg.collective_timeout, rank, on_expire=run.on_fatal)
-    return run
 
 
 def open_data(cfg: TrainConfig) -> Data:
