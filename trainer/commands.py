@@ -34,7 +34,7 @@ def _rebalance(run: Run, action: Action) -> dict[str, Any]:
 def _stop(run: Run, action: Action) -> dict[str, Any]:
     run.stopping = True
     path = str(run.save() or "")
-    run.event("stopped", "stopped by command", checkpoint=path)
+    run.event("stopped", f"stopped by {action.reason}", checkpoint=path, reason=action.reason)
     return {"path": path}
 
 

@@ -26,13 +26,14 @@ class Action:
     name: str
     payload: list[int]
     pending: PendingCommand | None = None  # rank 0 only: whom to answer
+    reason: str = "command"  # what asked for it: an operator's command, or a signal
 
 
 class Controller:
-    """Rank 0 takes commands from a queue (telemetry, signals); one tiny all-reduce per
-    boundary hands the chosen one to every rank, so all apply it at the same update. The same
-    all-reduce carries every rank's peak memory, so the memory caps a rebalance is checked
-    against are refreshed at every boundary."""
+    """Rank 0 takes commands from a queue (telemetry); one tiny all-reduce per boundary hands
+    the chosen one to every rank, so all apply it at the same update. The same all-reduce
+    carries every rank's peak memory (so the memory caps a rebalance is checked against are
+    refreshed at every boundary) and any rank's request to stop (a signal it received)."""
 
     def __init__(
         self,
@@ -45,6 +46,11 @@ class Controller:
         self.caps_model = caps_model
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
+        self.stop_signal = 0  # a signal number once this rank was asked to stop
+
+    def request_stop(self, signum: int) -> None:
+        """Ask every rank to stop at the next boundary (safe to call from a signal handler)."""
+        self.stop_signal = signum
 
     def exchange(self, split: list[int], peak: float = 0.0) -> Action:
         """Called by every rank at every boundary (and as the heartbeat while paused), with
@@ -60,13 +66,19 @@ class Controller:
                 pending.resolve(CommandResult(ok=False, error=why))
         if self.paused and name == "none":
             name = "heartbeat"
-        name, payload, peaks_mib = self.cluster.broadcast_command(name, payload, peak / MiB)
-        self.peaks = [p * MiB for p in peaks_mib]
+        figures = (peak / MiB, float(self.stop_signal))
+        name, payload, every = self.cluster.broadcast_command(name, payload, figures)
+        self.peaks = [f[0] * MiB for f in every]
+        asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
+        reason = "command"
+        if asked and name in ("none", "heartbeat"):  # a signal outranks nothing but a command
+            rank, signum = asked[0]
+            name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
-        return Action(name, payload, pending)
+        return Action(name, payload, pending, reason)
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""
@@ -92,9 +104,10 @@ class Controller:
 
 
 @contextlib.contextmanager
-def stop_on_signals(queue: CommandQueue, say: Callable[[str], None]) -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP (a closed SSH session) become a `stop` at the next boundary:
-    a checkpoint and a clean exit. A second signal interrupts at once."""
+def stop_on_signals(controller: Controller, say: Callable[[str], None]) -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP (a closed SSH session) to any rank become a `stop` of every
+    rank at the next boundary: a checkpoint and a clean exit. A second one interrupts at once
+    (on this rank; the others then lose their peer)."""
     signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in signums}
 
@@ -102,7 +115,7 @@ def stop_on_signals(queue: CommandQueue, say: Callable[[str], None]) -> Iterator
         signal.signal(signum, signal.default_int_handler)
         name = signal.Signals(signum).name
         say(f"fleet train: {name}: stopping at the next update (again to interrupt now)")
-        queue.submit("stop", {"reason": name})
+        controller.request_stop(signum)
 
     for s in signums:
         signal.signal(s, _stop)

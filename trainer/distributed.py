@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 
 import mlx.core as mx
@@ -177,26 +177,27 @@ class Cluster:
         return self._sum(mx.array(values, dtype=mx.float32)).tolist()
 
     def broadcast_command(
-        self, cmd: str, payload: list[int], figure: float = 0.0
-    ) -> tuple[str, list[int], list[float]]:
+        self, cmd: str, payload: list[int], figures: Sequence[float] = ()
+    ) -> tuple[str, list[int], list[list[float]]]:
         """Rank 0's command reaches every rank at the same boundary (others pass "none"), and
-        every rank's `figure` (its peak memory in MiB) reaches every rank.
+        every rank's `figures` (the same count on every rank) reach every rank.
 
-        The vector is [code, len, payload..., figure per rank] at a fixed width, summed with
-        zeros from every other rank: one tiny all-reduce, the same call on every rank. FP32
-        holds whole numbers exactly up to 2**24, so figures are sent in MiB.
+        The vector is [code, len, payload..., figures of each rank] at a fixed width, summed
+        with zeros from every other rank: one tiny all-reduce, the same call on every rank.
+        FP32 holds whole numbers exactly up to 2**24: send figures in units that fit.
         """
-        width = 3 + 2 * self.size  # code, length, up to one value per rank (a split), figures
-        vec = [0.0] * width
+        k, head = len(figures), 3 + self.size  # code, length, up to one value per rank
+        vec = [0.0] * (head + k * self.size)
         if self.is_root:
             vec[0], vec[1] = CODES[cmd], len(payload)
             vec[2 : 2 + len(payload)] = payload
-        vec[3 + self.size + self.rank] = figure
+        vec[head + k * self.rank : head + k * (self.rank + 1)] = figures
         if self.size > 1:
             vec = self._sum(mx.array(vec, dtype=mx.float32)).tolist()
         code, n = int(round(vec[0])), int(round(vec[1]))
         payload = [int(round(v)) for v in vec[2 : 2 + n]]
-        return NAMES.get(code, "none"), payload, vec[3 + self.size :]
+        every = [vec[head + k * r : head + k * (r + 1)] for r in range(self.size)]
+        return NAMES.get(code, "none"), payload, every
 
     def gather_bytes(self, blob: bytes) -> list[bytes]:
         """Every rank's `blob` (all the same length), in rank order."""
@@ -213,39 +214,60 @@ class Cluster:
 
 
 class Watchdog:
-    """Ends the process when the loop makes no progress for `timeout` seconds.
+    """Ends the process when the loop makes no progress for `timeout` seconds, and beats.
 
     A stopped peer (SIGSTOP, a machine deep in swap) leaves the others blocked inside an
-    all-reduce forever; this thread is what turns that into an exit with a diagnosis.
+    all-reduce forever; this thread is what turns that into an exit with a diagnosis. About
+    once a second it also calls `beat(stage, since)` (trainer/heartbeat.py writes it down), so
+    that peers and the launcher can tell which rank stopped; `diagnose()` names that rank
+    when the watchdog fires.
     """
 
-    def __init__(self, timeout: float, rank: int, on_expire=None) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        rank: int,
+        on_expire: Callable[[str], None] | None = None,
+        beat: Callable[[str, float], None] | None = None,
+        diagnose: Callable[[], str] | None = None,
+    ) -> None:
         self.timeout, self.rank = timeout, rank
-        self.stage, self.since = "starting", time.monotonic()
+        self.stage, self.since, self.since_wall = "starting", time.monotonic(), time.time()
         self._stop = threading.Event()
-        self._on_expire = on_expire
+        self._on_expire, self._beat, self._diagnose = on_expire, beat, diagnose
         self._thread = threading.Thread(target=self._run, name="fleet-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
-        if self.timeout > 0:
+        if self.timeout > 0 or self._beat is not None:
             self._thread.start()
         return self
 
     def progress(self, stage: str) -> None:
         """Mark that the loop is alive and entering `stage`."""
-        self.stage, self.since = stage, time.monotonic()
+        self.stage, self.since, self.since_wall = stage, time.monotonic(), time.time()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
 
     def _run(self) -> None:
-        while not self._stop.wait(min(1.0, self.timeout / 4)):
+        period = min(1.0, self.timeout / 4) if self.timeout > 0 else 1.0
+        while not self._stop.wait(period):
+            if self._beat is not None:
+                with contextlib.suppress(Exception):  # a full disk must not end the run here
+                    self._beat(self.stage, self.since_wall)
             idle = time.monotonic() - self.since
-            if idle > self.timeout:
+            if self.timeout > 0 and idle > self.timeout:
+                who = ""
+                if self._diagnose is not None:
+                    with contextlib.suppress(Exception):
+                        who = self._diagnose()
                 msg = (
                     f"fleet train: rank {self.rank}: no progress for {idle:.0f}s in stage "
-                    f"'{self.stage}' (--collective-timeout {self.timeout:g}); a peer rank has "
-                    "probably stalled or died. Exiting."
+                    f"'{self.stage}' (--collective-timeout {self.timeout:g}); "
+                    + (f"{who}. " if who else "a peer rank has probably stalled or died. ")
+                    + "Exiting."
                 )
                 print(msg, file=sys.stderr, flush=True)
                 if self._on_expire is not None:

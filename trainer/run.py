@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from telemetry.files import atomic_write
 from telemetry.hub import Hub
 from telemetry.records import PROTOCOL_VERSION, Event, Hello, Update, run_id_of
 from telemetry.reporter import NullReporter, Reporter
-from trainer import checkpoint, memory
+from trainer import checkpoint, heartbeat, memory
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import Dataset, SyntheticStream, TrainStream, val_batches
 from trainer.distributed import Cluster, Watchdog
@@ -196,6 +197,17 @@ class Run:
         self.state["split"] = self.identity["split"] = split
         self.reporter.set_hello(local_batch=split[self.cluster.rank])
 
+    # --- signs of life for the peers and the launcher (trainer/heartbeat.py)
+    def beat(self, stage: str, since: float) -> None:
+        heartbeat.write(self.cfg.run_dir, self.cluster.rank, stage, self.state["step"], since)
+
+    def culprit(self) -> str:
+        """The peer that stopped making progress, from the beats in the run folder, or ""."""
+        return heartbeat.culprit(heartbeat.read_all(self.cfg.run_dir), exclude=self.cluster.rank)
+
+    def forget_beat(self) -> None:
+        heartbeat.clear(self.cfg.run_dir, self.cluster.rank)
+
     def on_fatal(self, message: str) -> None:
         """Tell the operator before the process ends."""
         self.event("error", message)
@@ -282,7 +294,13 @@ def open_run(
         commands=commands,
         saved_at=state["step"] if resume is not None else None,
     )
-    run.watchdog = Watchdog(cfg.collective_timeout, rank, on_expire=run.on_fatal)
+    run.watchdog = Watchdog(
+        cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
+    )
+    if cluster.is_root:  # beats of ranks a larger fleet left behind would name ghosts
+        for r in range(world, world + 64):
+            heartbeat.clear(run_dir, r)
+    run.beat("starting", time.time())
     return run
 
 

@@ -18,7 +18,6 @@ update), controller.py and commands.py (operator commands at a boundary), checkp
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -58,6 +57,7 @@ def train(
     progress = Progress(cfg.updates)
     watchdog = run.watchdog.start()
     peak = 0.0  # this rank's peak memory in the last update, shared at each boundary
+    clean = False
 
     say(run.banner)
     run.event(
@@ -68,10 +68,9 @@ def train(
         updates=cfg.updates,
         config_digest=cfg.digest(),
     )
-    # Ctrl-C / SIGTERM / SIGHUP on rank 0 become a `stop` at the next boundary.
-    signals = stop_on_signals(run.commands, say) if cluster.is_root else contextlib.nullcontext()
     try:
-        with signals:
+        # Ctrl-C, SIGTERM and SIGHUP to any rank become a `stop` at the next boundary.
+        with stop_on_signals(controller, say):
             while state["step"] < cfg.updates:
                 step = state["step"]
                 if cfg.stop_at and step >= cfg.stop_at:
@@ -109,6 +108,7 @@ def train(
                     stage=watchdog.progress,
                 )
                 run.advance(figures, lr)
+                watchdog.progress("report")
                 if not math.isfinite(figures.loss):
                     raise FloatingPointError(
                         f"loss is {figures.loss} at update {state['step']}; stopping"
@@ -131,12 +131,14 @@ def train(
             f"done: {state['step']} updates, {state['tokens']:,} tokens; "
             f"checkpoint {run.last_saved}"
         )
+        clean = True
         return 0
     except PeerLost as e:
+        who = run.culprit()
         msg = (
             f"fleet train: rank {cluster.rank}: lost contact with a peer rank during "
-            f"'{watchdog.stage}' at update {state['step']} ({e}). The run stopped; resume with "
-            f"--resume latest once every rank is back."
+            f"'{watchdog.stage}' at update {state['step']} ({who or e}). The run stopped; "
+            "resume with --resume latest once every rank is back."
         )
         print(msg, file=sys.stderr, flush=True)
         run.on_fatal(msg)
@@ -147,6 +149,8 @@ def train(
         return 4
     finally:
         watchdog.stop()
+        if clean:  # a rank that failed leaves its last beat, for the others to name it
+            run.forget_beat()
         run.commands.refuse_all("the run has ended")
         run.reporter.close()
 
