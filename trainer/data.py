@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.prepare import FORMAT, META_NAME, VERSION, dataset_digest, file_sha256
+from telemetry.files import file_sha256
+from trainer.prepare import FORMAT, META_NAME, VERSION, dataset_digest
 
 
 class DatasetError(Exception):

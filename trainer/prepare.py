@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from telemetry.files import file_sha256, replace_dir
 from trainer.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
 
 FORMAT = "mlx-fleet-dataset"
@@ -215,7 +216,7 @@ def prepare(config: PrepareConfig, progress: bool = False) -> PrepareResult:
         tmp.mkdir()
         try:
             meta = _build(config, tokenizer, dtype, params, sources, skipped, tmp, bar)
-            _replace(tmp, out)
+            replace_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return PrepareResult(meta, up_to_date=False)
@@ -324,15 +325,6 @@ def _stdlib_sources(limit: int | None, bar: _Progress | None) -> tuple[list[Sour
         if bar:
             bar.advance(task)
     return sources, skipped
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, read in chunks so memory stays flat."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- reading documents -------------------------------------------------------------------
@@ -686,18 +678,6 @@ def _shards_intact(out: Path, meta: dict[str, Any]) -> bool:
         return all((out / e["file"]).stat().st_size == e["bytes"] for e in entries)
     except (KeyError, TypeError, OSError):
         return False
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Put the finished folder in place: two renames, and the old one is only then deleted."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
 
 
 # --- progress ----------------------------------------------------------------------------
