@@ -36,11 +36,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from telemetry.files import file_sha256, replace_dir
+from trainer.dataset_format import (
+    META_NAME,
+    VERSION,
+    existing_meta,
+    new_meta,
+    shards_intact,
+    write_meta,
+)
 from trainer.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
 
-FORMAT = "mlx-fleet-dataset"
-VERSION = 1
-META_NAME = "dataset.json"
 READ_CHUNK = 4 << 20  # bytes of a text file tokenized at once
 ROW_HASH_SALT = 0x9E3779B97F4A7C15  # splitmix64's increment: the val split's row hash
 
@@ -196,10 +201,10 @@ def prepare(config: PrepareConfig, progress: bool = False) -> PrepareResult:
         sources, skipped = list_sources(config, bar)
         if not sources:
             raise PrepareError("no input files (nothing matched, or every file was skipped)")
-        existing = _existing_meta(out)
+        existing = existing_meta(out)
         if existing is not None and not config.force:
             if _same_inputs(existing, params, sources, skipped):
-                if _shards_intact(out, existing):
+                if shards_intact(out, existing):
                     return PrepareResult(existing, up_to_date=True)
                 raise PrepareError(f"{out} holds a damaged dataset; use --force to rebuild it")
             raise PrepareError(
@@ -611,17 +616,14 @@ def _build(
     for entry in (*train.shards, *val.shards):
         entry["bytes"] = (folder / entry["file"]).stat().st_size
         entry["sha256"] = file_sha256(folder / entry["file"])
-    identity = tokenizer.identity()
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "params": params,
-        "sources": [s.record() for s in sources],
-        "tokenizer": identity,
-        "seq_len": c.seq_len,
-        "dtype": np.dtype(dtype).name,
-        "rows_per_group": c.rows_per_group,
-        "counts": {
+    meta = new_meta(
+        params=params,
+        sources=[s.record() for s in sources],
+        tokenizer=tokenizer.identity(),
+        seq_len=c.seq_len,
+        dtype=np.dtype(dtype).name,
+        rows_per_group=c.rows_per_group,
+        counts={
             "documents": documents,
             "tokens": packer.tokens,
             "pad_tokens": packer.pad_tokens,
@@ -629,36 +631,13 @@ def _build(
             "val_rows": val.rows,
             "skipped_files": skipped,
         },
-        "shards": shards,
-        "digest": dataset_digest(identity, c.seq_len, shards),
-        "val_digest": dataset_digest(identity, c.seq_len, {"val": shards["val"]}),
-    }
-    (folder / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        shards=shards,
+    )
+    write_meta(folder, meta)
     return meta
 
 
-def dataset_digest(identity: dict[str, Any], seq_len: int, shards: dict[str, list]) -> str:
-    """sha256 naming a dataset: tokenizer (without its path), seq_len and shard contents."""
-    body = {
-        "tokenizer": identity_digest_part(identity),
-        "seq_len": seq_len,
-        "shards": {split: [s["sha256"] for s in entries] for split, entries in shards.items()},
-    }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 # --- the output folder -------------------------------------------------------------------
-
-
-def _existing_meta(out: Path) -> dict[str, Any] | None:
-    path = out / META_NAME
-    if not path.exists():
-        return None
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # unreadable: treated as a different dataset
-    return meta if isinstance(meta, dict) else {}
 
 
 def _same_inputs(meta: dict[str, Any], params, sources: list[Source], skipped: int) -> bool:
@@ -670,14 +649,6 @@ def _same_inputs(meta: dict[str, Any], params, sources: list[Source], skipped: i
         return False
     ours = [(s.kind, s.size, s.sha256) for s in sources]
     return meta.get("params") == params and theirs == ours and same_skips
-
-
-def _shards_intact(out: Path, meta: dict[str, Any]) -> bool:
-    try:
-        entries = [*meta["shards"]["train"], *meta["shards"]["val"]]
-        return all((out / e["file"]).stat().st_size == e["bytes"] for e in entries)
-    except (KeyError, TypeError, OSError):
-        return False
 
 
 # --- progress ----------------------------------------------------------------------------
