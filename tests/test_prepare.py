@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import prepare as prep
+from trainer.packer import is_val_row
 from trainer.tokenizer import BYTE_EOS, BYTE_PAD, ByteTokenizer, TokenizerError, load_tokenizer
 
 DOCS = [
@@ -67,7 +68,7 @@ def test_text_folder_is_packed_with_eos_and_padded_only_at_the_end(tmp_path, cap
     assert meta["counts"]["documents"] == len(DOCS)
     # The train rows and val rows together, put back in row order, are the packed stream.
     index = np.arange(len(rows))
-    is_val = prep.is_val_row(index, 0.01)
+    is_val = is_val_row(index, 0.01)
     if not is_val.any():  # small corpora: the final row moves to validation
         is_val[-1] = True
     stream = np.empty_like(rows)
@@ -96,7 +97,7 @@ def test_rows_split_by_hash_and_none_lost(tmp_path, capsys):
     assert len(read_rows(whole, "val")) == 0
     train, val = read_rows(split, "train"), read_rows(split, "val")
     assert 0 < len(val) < len(train)
-    is_val = prep.is_val_row(np.arange(len(everything)), 0.2)
+    is_val = is_val_row(np.arange(len(everything)), 0.2)
     np.testing.assert_array_equal(train, everything[~is_val])
     np.testing.assert_array_equal(val, everything[is_val])
 
