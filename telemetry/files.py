@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 
@@ -68,4 +69,23 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def replace_dir(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Put the finished folder `tmp` at `path`, deleting the folder it replaces only after.
+
+    Two renames (the old folder aside, then the new one in): `path` never holds a mix of the
+    two, and is missing only between the renames. It fsyncs the parent, not the files inside:
+    callers that need the contents durable fsync them first.
+    """
+    tmp, path = Path(tmp), Path(path)
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
     fsync_dir(path.parent)

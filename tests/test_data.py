@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import fleet_env
 from trainer.data import (
     Dataset,
     DatasetError,
@@ -237,3 +238,12 @@ def test_a_huge_order_is_built_a_window_at_a_time():
 def test_reading_data_never_imports_mlx():
     code = "import sys, trainer.data, trainer.prepare; sys.exit('mlx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_reading_data_never_imports_the_writer():
+    writer = ["trainer.prepare", "trainer.sources", "trainer.packer", "trainer.shard_writer"]
+    code = f"import sys, trainer.data; print(sorted(set({writer!r}) & set(sys.modules)))"
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=fleet_env(), capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""`fleet prepare`: inputs, packing, the val split, determinism, and its error messages."""
+"""`fleet prepare`: inputs, packing, the held-out rows, determinism, and its error messages."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from telemetry.files import replace_dir
 from trainer import prepare as prep
+from trainer.packer import is_val_row
 from trainer.tokenizer import BYTE_EOS, BYTE_PAD, ByteTokenizer, TokenizerError, load_tokenizer
 
 DOCS = [
@@ -42,13 +44,13 @@ def text_corpus(root: Path, docs: list[str] = DOCS) -> Path:
     return root / "corpus"
 
 
-def read_rows(out: Path, split: str) -> np.ndarray:
-    """All rows of a split, in shard order."""
+def read_rows(out: Path, subset: str) -> np.ndarray:
+    """All rows of a subset ("train" or "val"), in shard order."""
     meta = json.loads((out / "dataset.json").read_text())
     width = meta["seq_len"] + 1
     parts = [
         pq.read_table(out / s["file"]).column("tokens").combine_chunks().flatten().to_numpy()
-        for s in meta["shards"][split]
+        for s in meta["shards"][subset]
     ]
     return np.concatenate(parts).reshape(-1, width) if parts else np.zeros((0, width))
 
@@ -67,7 +69,7 @@ def test_text_folder_is_packed_with_eos_and_padded_only_at_the_end(tmp_path, cap
     assert meta["counts"]["documents"] == len(DOCS)
     # The train rows and val rows together, put back in row order, are the packed stream.
     index = np.arange(len(rows))
-    is_val = prep.is_val_row(index, 0.01)
+    is_val = is_val_row(index, 0.01)
     if not is_val.any():  # small corpora: the final row moves to validation
         is_val[-1] = True
     stream = np.empty_like(rows)
@@ -87,16 +89,16 @@ def test_text_folder_is_packed_with_eos_and_padded_only_at_the_end(tmp_path, cap
     assert tok.decode(docs[0][:-1]) == DOCS[0]
 
 
-def test_rows_split_by_hash_and_none_lost(tmp_path, capsys):
+def test_rows_held_out_by_hash_and_none_lost(tmp_path, capsys):
     corpus = text_corpus(tmp_path, [f"document number {i} " * 5 for i in range(60)])
-    whole, split = tmp_path / "whole", tmp_path / "split"
+    whole, held_out = tmp_path / "whole", tmp_path / "held_out"
     assert run(capsys, "--source", str(corpus), *small(whole, "--val-fraction", "0"))[0] == 0
-    assert run(capsys, "--source", str(corpus), *small(split, "--val-fraction", "0.2"))[0] == 0
+    assert run(capsys, "--source", str(corpus), *small(held_out, "--val-fraction", "0.2"))[0] == 0
     everything = read_rows(whole, "train")
     assert len(read_rows(whole, "val")) == 0
-    train, val = read_rows(split, "train"), read_rows(split, "val")
+    train, val = read_rows(held_out, "train"), read_rows(held_out, "val")
     assert 0 < len(val) < len(train)
-    is_val = prep.is_val_row(np.arange(len(everything)), 0.2)
+    is_val = is_val_row(np.arange(len(everything)), 0.2)
     np.testing.assert_array_equal(train, everything[~is_val])
     np.testing.assert_array_equal(val, everything[is_val])
 
@@ -349,3 +351,18 @@ def test_vocab_over_65535_is_stored_as_uint32(tmp_path, capsys, monkeypatch):
     assert pf.schema_arrow.field("tokens").type == pa.list_(pa.uint32(), 17)
     rows = np.concatenate([read_rows(out, "train"), read_rows(out, "val")])
     assert (rows == 69_999).any()
+
+
+def test_replace_dir_swaps_a_whole_folder_and_leaves_no_temporary(tmp_path):
+    out, new = tmp_path / "out", tmp_path / ".out.tmp"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    new.mkdir()
+    (new / "new.txt").write_text("new")
+    replace_dir(new, out)
+    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    fresh = tmp_path / ".fresh.tmp"
+    fresh.mkdir()
+    replace_dir(fresh, tmp_path / "fresh")  # nothing to replace: one rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out"]

@@ -1,7 +1,7 @@
 """Training data: a prepared dataset read in one seeded global order that any rank split shares.
 
 The data cursor is a single integer, the number of samples the run has consumed. Global
-position g is sample `order(g // N)[g % N]` of an N-sample training split, so a run crosses
+position g is sample `order(g // N)[g % N]` of the N training samples, so a run crosses
 epochs without a seam, and rank r of a split takes its contiguous slice of each global
 microbatch: positions [cursor + offset, cursor + offset + local_batch). Any split of the same
 global batch therefore sees the same samples, which is what lets a run rebalance its ranks.
@@ -12,7 +12,6 @@ through a bounded LRU, and an epoch's order is built one window of row groups at
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,20 +22,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.prepare import FORMAT, META_NAME, VERSION, dataset_digest, file_sha256
-
-
-class DatasetError(Exception):
-    """A dataset folder that cannot be used as it is; the message names the file."""
+from telemetry.files import file_sha256
+from trainer.dataset_format import (
+    META_NAME,
+    SUBSETS,
+    DatasetError,
+    dataset_digest,
+    read_meta,
+    shard_entries,
+)
 
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One Parquet row group: where it is, and which samples of its split it holds."""
+    """One Parquet row group: where it is, and which samples of its subset it holds."""
 
     file: Path
     index: int  # row group number within the file
-    start: int  # split-wide index of its first row
+    start: int  # index of its first row within its subset (train or val)
     rows: int
 
 
@@ -65,28 +68,16 @@ class Dataset:
     def open(cls, path: str | Path) -> Dataset:
         """Open and validate a dataset folder; raises DatasetError naming what is wrong."""
         path = Path(path)
-        meta_path = path / META_NAME
-        if not meta_path.is_file():
-            hint = "no such folder" if not path.is_dir() else f"no {META_NAME}"
-            raise DatasetError(f"{path}: {hint} (make one with `fleet prepare`)")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, UnicodeDecodeError) as e:
-            raise DatasetError(f"{meta_path}: cannot read it ({e})") from e
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{meta_path}: not valid JSON ({e.msg}, line {e.lineno})") from e
-        _check_meta(meta, meta_path)
+        meta = read_meta(path)
         width = meta["seq_len"] + 1
-        groups = {
-            split: _row_groups(path, meta["shards"][split], width) for split in ("train", "val")
-        }
+        groups = {subset: _row_groups(path, meta["shards"][subset], width) for subset in SUBSETS}
         if not groups["train"]:
-            raise DatasetError(f"{meta_path}: the dataset has no training rows")
+            raise DatasetError(f"{path / META_NAME}: the dataset has no training rows")
         return cls(path, meta, groups["train"], groups["val"])
 
     def verify(self) -> None:
         """Hash every shard and compare with dataset.json (reads the whole dataset once)."""
-        for entry in (*self.meta["shards"]["train"], *self.meta["shards"]["val"]):
+        for entry in shard_entries(self.meta):
             if file_sha256(self.path / entry["file"]) != entry["sha256"]:
                 raise DatasetError(f"{self.path / entry['file']}: sha256 differs from {META_NAME}")
         digest = dataset_digest(self.tokenizer, self.seq_len, self.meta["shards"])
@@ -104,39 +95,8 @@ class Dataset:
         )
 
 
-def _check_meta(meta: Any, where: Path) -> None:
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise DatasetError(f"{where}: not an mlx-fleet dataset (no format {FORMAT!r})")
-    if meta.get("version") != VERSION:
-        raise DatasetError(f"{where}: format version {meta.get('version')!r}, expected {VERSION}")
-    for key, kind in (("seq_len", int), ("digest", str), ("val_digest", str), ("tokenizer", dict)):
-        if not isinstance(meta.get(key), kind):
-            raise DatasetError(f"{where}: field {key!r} is missing or not a {kind.__name__}")
-    if meta["seq_len"] < 1:
-        raise DatasetError(f"{where}: seq_len must be at least 1, got {meta['seq_len']}")
-    for key in ("vocab_size", "pad_id", "eos_id", "bos_id"):
-        if not isinstance(meta["tokenizer"].get(key), int):
-            raise DatasetError(f"{where}: field 'tokenizer.{key}' is missing or not an int")
-    shards = meta.get("shards")
-    if not isinstance(shards, dict):
-        raise DatasetError(f"{where}: field 'shards' is missing or not a mapping")
-    for split in ("train", "val"):
-        entries = shards.get(split)
-        if not isinstance(entries, list):
-            raise DatasetError(f"{where}: field 'shards.{split}' is missing or not a list")
-        for i, e in enumerate(entries):
-            if not (
-                isinstance(e, dict)
-                and isinstance(e.get("file"), str)
-                and isinstance(e.get("rows"), int)
-            ):
-                raise DatasetError(f"{where}: shards.{split}[{i}] needs a 'file' and 'rows'")
-            if Path(e["file"]).name != e["file"]:
-                raise DatasetError(f"{where}: shard name {e['file']!r} must be a plain file name")
-
-
 def _row_groups(folder: Path, entries: list[dict[str, Any]], width: int) -> list[RowGroup]:
-    """The row groups of a split's shards, checked against dataset.json (footers only)."""
+    """The row groups of one subset's shards, checked against dataset.json (footers only)."""
     groups: list[RowGroup] = []
     start = 0
     for entry in entries:
