@@ -114,7 +114,7 @@ def test_launch_refuses_a_bad_hostfile(tmp_path):
     assert proc.returncode == 2 and "not valid JSON" in proc.stderr
 
 
-def _rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
+def rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
     """The pid of rank `rank` of the run in `run` (found by its MLX_RANK and run folder)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -129,14 +129,14 @@ def _rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
     raise AssertionError(f"rank {rank} of {run} never started")
 
 
-def _start(tiny_data: Path, run: Path, *extra: str, grace: str = "30") -> subprocess.Popen:
+def start(tiny_data: Path, run: Path, *extra: str, grace: str = "30") -> subprocess.Popen:
     return spawn_launch(
         *(3, tiny_data, run, *TINY, "--local-batches", "2,2,2", "--updates", "100000", *extra),
         launch_opts=("--stop-grace", grace),
     )
 
 
-def _wait_for_updates(run: Path, timeout: float = 60) -> None:
+def wait_for_updates(run: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not list((run / "telemetry").glob("rank-2*.arrow")):
         assert time.monotonic() < deadline, "the run never started updating"
@@ -146,10 +146,10 @@ def _wait_for_updates(run: Path, timeout: float = 60) -> None:
 
 def test_a_killed_rank_is_named_and_the_others_exit(tiny_data, tmp_path):
     run = tmp_path / "run"
-    proc = _start(tiny_data, run)
+    proc = start(tiny_data, run)
     try:
-        victim = _rank_pid(run, 2)
-        _wait_for_updates(run)
+        victim = rank_pid(run, 2)
+        wait_for_updates(run)
         psutil.Process(victim).kill()
         out, err = proc.communicate(timeout=60)
     finally:
@@ -162,17 +162,19 @@ def test_a_killed_rank_is_named_and_the_others_exit(tiny_data, tmp_path):
 
 def test_a_stalled_rank_trips_the_watchdog(tiny_data, tmp_path):
     run = tmp_path / "run"
-    proc = _start(tiny_data, run, "--collective-timeout", "4", grace="3")
+    proc = start(tiny_data, run, "--collective-timeout", "4", grace="3")
     victim = None
     try:
-        victim = _rank_pid(run, 1)
-        _wait_for_updates(run)
+        victim = rank_pid(run, 1)
+        wait_for_updates(run)
         psutil.Process(victim).send_signal(signal.SIGSTOP)  # a hung or swapping machine
         # The others' watchdogs fire; mlx.launch would wait on the stopped rank forever, so
-        # fleet launch ends it --stop-grace seconds after the first failure.
+        # fleet launch ends it as soon as its heartbeat shows it stalled, and names it (not
+        # the healthy rank whose watchdog fired first).
         _, err = proc.communicate(timeout=90)
         assert "no progress for" in err and "--collective-timeout 4" in err
-        assert "were still running 3 s later and were ended" in err
+        assert "fleet launch: rank 1 stopped responding" in err
+        assert "the stalled rank was ended" in err
         assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
     finally:
         if victim is not None and psutil.pid_exists(victim):

@@ -95,18 +95,21 @@ def _progress(b: Beat) -> tuple[int, int, float]:
 def culprit(beats: dict[int, Beat], now: float | None = None, exclude: int | None = None) -> str:
     """Name the rank that stopped making progress, in one phrase, or "" if none stands out.
 
-    Order of evidence: a rank whose process is gone; a rank that stopped beating; else the
-    rank that is furthest behind (lowest update, then the longest in its stage), since the
-    healthy ones have moved on and wait for it in a collective.
+    Order of evidence: of the ranks whose process is gone or that stopped beating, the one
+    silent the longest; else the rank that is furthest behind (lowest update, earliest stage),
+    since the healthy ones have moved on and wait for it in a collective.
     """
     now = time.time() if now is None else now
     peers = {r: b for r, b in beats.items() if r != exclude}
-    for r, b in sorted(peers.items()):
+    # The first to go silent is the cause; ranks that exited after it (their watchdogs
+    # fired, or they lost it as a peer) beat until later.
+    silent = [b for b in peers.values() if _gone(b) or now - b.beat > STALE_S]
+    if silent:
+        b = min(silent, key=lambda b: b.beat)
         if _gone(b):
-            return f"rank {r} (pid {b.pid}) is gone; last seen in '{b.stage}' at update {b.step}"
-    stale = [b for b in peers.values() if now - b.beat > STALE_S]
-    if stale:
-        b = min(stale, key=lambda b: b.beat)
+            return (
+                f"rank {b.rank} (pid {b.pid}) is gone; last seen in '{b.stage}' at update {b.step}"
+            )
         return (
             f"rank {b.rank} stopped responding {now - b.beat:.0f} s ago, in '{b.stage}' at "
             f"update {b.step} (stopped, hung or swapping)"
