@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -61,3 +62,38 @@ def test_per_rank_values_must_match_the_world():
 def test_a_run_needs_data_or_synthetic():
     with pytest.raises(ConfigError, match="--data"):
         TrainConfig().validate()
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("lr = nan", "--lr must be a finite number"),
+        ("lr = inf", "--lr must be a finite number"),
+        ("collective-timeout = -1.0", "--collective-timeout must not be negative"),
+        ("depth = 100000000000000000000", "--depth 100000000000000000000 is beyond any machine"),
+        ("beta2 = 1.0", "--beta2 must be in [0, 1)"),
+        ("min-lr-ratio = 2.0", "--min-lr-ratio is a fraction"),
+        ("log-every = 0", "--log-every must be at least 1"),
+    ],
+)
+def test_every_bad_value_is_refused_by_name(tmp_path, toml, message):
+    f = tmp_path / "run.toml"
+    f.write_text(f"synthetic = true\n{toml}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_args(parse("--config", str(f)))
+
+
+def test_a_binary_config_file_is_refused_in_one_line(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not a text file"):
+        load_file(f)
+
+
+def test_nan_lr_from_the_command_line_is_an_error_not_a_traceback(tmp_path):
+    from tests.conftest import run_fleet
+
+    proc = run_fleet("train", "--synthetic", "--lr", "nan", "--run-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2
+    assert "fleet train: error: --lr must be a finite number" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -113,3 +113,44 @@ def test_rebalance_caps_come_from_the_last_boundary_not_the_log_line():
     assert "rank 0 can hold at most 2" in refused.result().error
     ctl.exchange([4], peak=2**30)  # a smaller peak lifts the cap at the next boundary
     assert ctl.caps([4]) == [4]
+
+
+def _tiny(run, **kw) -> TrainConfig:
+    return TrainConfig(
+        synthetic=True,
+        run_dir=str(run),
+        depth=1,
+        width=32,
+        heads=1,
+        seq_len=16,
+        vocab=64,
+        local_batch=2,
+        telemetry_port_base=0,
+        **kw,
+    )
+
+
+def test_an_explicit_resume_of_a_disagreeing_checkpoint_needs_a_flag(tmp_path):
+    from tests.conftest import run_fleet
+
+    run = tmp_path / "run"
+    assert train(_tiny(run, updates=2, checkpoint_every=2), DisagreeingCluster(FakeGroup())) == 4
+    path = str(checkpoint.step_dir(run, 2))
+    args = ("train", "--resume", path, "--run-dir", str(run), "--updates", "3")
+    refused = run_fleet(*args, check=False)
+    assert refused.returncode == 2
+    assert "replicas_agree: false" in refused.stderr and "--resume-disagreeing" in refused.stderr
+    taken = run_fleet(*args, "--resume-disagreeing")
+    assert "whose replicas disagreed" in taken.stderr
+
+
+def test_a_resume_refuses_a_changed_seed(tmp_path):
+    from tests.conftest import run_fleet
+
+    run = tmp_path / "run"
+    assert train(_tiny(run, updates=2, seed=3), Cluster(FakeGroup())) == 0
+    args = ("train", "--resume", "latest", "--run-dir", str(run), "--updates", "3")
+    proc = run_fleet(*args, "--seed", "5", check=False)
+    assert proc.returncode == 2
+    assert "--seed 5 differs from the run's seed 3" in proc.stderr
+    assert "resumed from" in run_fleet(*args, "--seed", "3").stdout  # the same seed is fine

@@ -80,12 +80,30 @@ def train(args: argparse.Namespace) -> int:
         which = given.get("resume", "")
         if which:
             run_dir = given.get("run_dir") or FIELDS["run_dir"].default
-            resume_path, _, warnings = checkpoint.resolve(run_dir, which)
+            resume_path, manifest, warnings = checkpoint.resolve(run_dir, which)
             for w in warnings:
                 print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
+            if manifest.get("replicas_agree") is False:
+                if not given.get("resume_disagreeing"):
+                    raise ConfigError(
+                        f"{resume_path}: its ranks' weights disagreed when it was saved "
+                        "(replicas_agree: false); resume an earlier checkpoint, or pass "
+                        "--resume-disagreeing to use it anyway"
+                    )
+                print(
+                    f"{who}: warning: resuming {resume_path}, whose replicas disagreed",
+                    file=sys.stderr,
+                )
             base = checkpoint.read_json(resume_path, checkpoint.CONFIG)
             # A resumed run keeps the checkpoint's settings, except how this session ends.
-            base = {k: v for k, v in base.items() if k in FIELDS and k not in ("stop_at",)}
+            session = ("stop_at", "resume_disagreeing")
+            base = {k: v for k, v in base.items() if k in FIELDS and k not in session}
+            if "seed" in given and given["seed"] != base.get("seed", given["seed"]):
+                raise ConfigError(
+                    f"--seed {given['seed']} differs from the run's seed {base['seed']}: it "
+                    "would re-order the samples mid-epoch (some seen twice, some never); "
+                    "drop --seed to resume, or start a new --run-dir"
+                )
         cfg = from_args(args, base)
         return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
     except (

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,11 @@ class TrainConfig:
     checkpoint_every: int = _f(0, "checkpoint every N updates (0 = only at the end)")
     keep_checkpoints: int = _f(3, "checkpoints to keep (0 = all)")
     resume: str = _f("", "resume from a checkpoint folder, or `latest` in --run-dir")
+    resume_disagreeing: bool = _f(
+        False,
+        "allow --resume FOLDER of a checkpoint whose ranks' weights disagreed "
+        "(replicas_agree: false in its manifest); refused otherwise",
+    )
     # --- distributed, telemetry and diagnosis
     collective_timeout: float = _f(300.0, "exit if no progress for this many seconds (0 = never)")
     allreduce_bucket_mb: float = _f(
@@ -158,8 +164,18 @@ class TrainConfig:
         return factor or 1.0
 
     def validate(self) -> None:
+        """Refuse every value that cannot run, naming its key (before anything is built)."""
         if not self.synthetic and not self.data:
             raise ConfigError("give --data DIR (made by `fleet prepare`) or --synthetic")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{_flag(f.name)} must be a finite number, got {value}")
+        for name, high in LIMITS.items():
+            if getattr(self, name) > high:
+                raise ConfigError(
+                    f"--{_flag(name)} {getattr(self, name)} is beyond any machine (at most {high})"
+                )
         for name in ("depth", "accum", "updates", "local_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
@@ -175,6 +191,11 @@ class TrainConfig:
             "eval_samples",
             "allreduce_bucket_mb",
             "loss_chunk",
+            "collective_timeout",
+            "stop_at",
+            "weight_decay",
+            "grad_clip",
+            "telemetry_port_base",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
@@ -182,6 +203,13 @@ class TrainConfig:
             raise ConfigError(f"--warmup is a fraction of the run, got {self.warmup}")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"--min-lr-ratio is a fraction of --lr, got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.log_every < 1:
+            raise ConfigError("--log-every must be at least 1")
 
 
 def parse_ints(text: str, name: str) -> list[int]:
@@ -203,6 +231,24 @@ def parse_floats(text: str, name: str) -> list[float]:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+# Upper bounds no run reaches: a larger value is a typo (depth = 1e20), refused by name
+# instead of failing deep inside MLX.
+LIMITS = {
+    "depth": 1024,
+    "width": 1 << 16,
+    "heads": 1024,
+    "vocab": 1 << 24,
+    "seq_len": 1 << 22,
+    "local_batch": 1 << 20,
+    "accum": 1 << 16,
+    "updates": 1 << 40,
+    "telemetry_port_base": 65535,
+}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,6 +279,8 @@ def load_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (a TOML or JSON config is text)") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
