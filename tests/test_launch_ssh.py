@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import fleet_env, free_port
 from tests.console_sshd import sshd_missing
 from tests.test_distributed import TINY, assert_same_weights, single, weights
+from trainer import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,3 +94,66 @@ def test_a_host_ssh_refuses_is_named(tmp_path, ssh_path, tiny_data):
     )
     assert "try `ssh stranger true`" in out.stderr
     assert "Traceback" not in out.stderr  # mlx.launch's own clean-up trace is left out
+
+
+def test_a_host_lost_for_the_relaunch_is_left_out_with_the_same_global_batch(
+    tmp_path, sshd, tiny_data
+):
+    """--restarts 1 --allow-shrink: rank 2 dies and its host cannot be reached for the
+    relaunch; the run goes on over two hosts with the same global batch and ends with the
+    weights of a run that never failed."""
+    from tests.test_distributed import rank_pid
+    from tests.test_restart import wait_for_checkpoint
+
+    reach = (
+        f"  HostName {sshd.address}\n  User {sshd.user}\n  IdentityFile {sshd.client_key}\n"
+        f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        f"  UserKnownHostsFile {sshd.known_hosts}\n  ConnectTimeout 3\n"
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host mac-a mac-b mac-c\n  Port {sshd.port}\n{reach}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    both = ("--updates", "8", "--checkpoint-every", "2")
+    single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
+
+    run = tmp_path / "shrunk"
+    hostfile = tmp_path / "hosts.json"
+    hosts = ["mac-a", "mac-b", "mac-c"]
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    env = {**fleet_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
+            *("--backend", "ring", "--starting-port", str(free_port(4)), "--stop-grace", "10"),
+            *("--restarts", "1", "--allow-shrink", "--restart-backoff", "1", "--"),
+            *("train", "--data", str(tiny_data), "--run-dir", str(run)),
+            *("--local-batches", "2,2,2", *TINY, *both),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        victim = rank_pid(run, 2)
+        wait_for_checkpoint(run, 2, proc)
+        # mac-c is gone for the relaunch: its port now leads nowhere
+        nowhere = free_port()
+        config.write_text(
+            f"Host mac-a mac-b\n  Port {sshd.port}\n{reach}Host mac-c\n  Port {nowhere}\n{reach}"
+        )
+        os.kill(victim, 9)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "mac-c cannot be reached: going on with 2 rank(s)" in err
+    path, _, _ = checkpoint.resolve(run, "latest")
+    state = checkpoint.read_json(path, checkpoint.STATE)
+    assert state["step"] == 8 and sum(state["split"]) == 6 and len(state["split"]) == 2
+    assert_same_weights(weights(tmp_path / "whole", 8), weights(run, 8))

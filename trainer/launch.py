@@ -20,11 +20,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from fleet.blas import preload_env
-from trainer import heartbeat
+from telemetry import balance
+from trainer import heartbeat, restart
 from trainer.proctree import ProcessTree
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
@@ -78,6 +81,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "launch gets SIGINT, SIGTERM or SIGHUP (they checkpoint first), before fleet launch "
         "ends them (default: %(default)s)",
     )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a rank dies or stalls, stop every rank and relaunch from the newest "
+        "verified checkpoint, up to N times (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds before the first restart, doubling for each next one, at most 300 "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allow-shrink",
+        action="store_true",
+        help="on a restart, go on without hosts ssh cannot reach, with the same global batch "
+        "split over the others by the balancer (the math does not change)",
+    )
     parser.add_argument("--verbose", action="store_true", help="mlx.launch's debug output")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- train ARGS (the rank's fleet subcommand)"
@@ -114,9 +139,9 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     return data, backend
 
 
-def check_train_args(argv: list[str], world: int) -> str:
+def check_train_args(argv: list[str], world: int):
     """Parse the rank's `train` arguments here, so mistakes surface before any rank starts;
-    returns the run folder."""
+    returns the TrainConfig they give."""
     from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, from_args
 
     parser = argparse.ArgumentParser(prog="fleet train", add_help=False)
@@ -140,7 +165,7 @@ def check_train_args(argv: list[str], world: int) -> str:
             raise ConfigError(f"--data {cfg.data}: no such dataset folder on this machine")
     except ConfigError as e:
         raise LaunchError(str(e)) from None
-    return cfg.run_dir
+    return cfg
 
 
 def check_mpirun(world: int) -> None:
@@ -169,30 +194,60 @@ def check_mpirun(world: int) -> None:
         )
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass
+class Plan:
+    """One attempt of a launch: where the ranks run and what each of them runs."""
+
+    command: list[str]  # the rank's fleet subcommand and its arguments
+    world: int
+    hosts: list[dict]  # hostfile entries ([] for -n ranks on this machine)
+    hostfile: str | None
+    backend: str | None
+    cfg: Any = None  # the parsed TrainConfig when the command is `train`
+    env: list[str] = field(default_factory=list)  # extra KEY=VALUE for every rank
+
+    @property
+    def run_dir(self) -> str | None:
+        return self.cfg.run_dir if self.cfg is not None else None
+
+    def split(self) -> list[int]:
+        """The split in force: the newest checkpoint's (rebalances included), else the flags'."""
+        from trainer import checkpoint
+
+        try:
+            path, _, _ = checkpoint.resolve(self.run_dir, checkpoint.LATEST)
+            return list(checkpoint.read_json(path, checkpoint.STATE)["split"])
+        except (checkpoint.CheckpointError, OSError, KeyError, ValueError):
+            return self.cfg.split(self.world)
+
+
+def plan_launch(args: argparse.Namespace) -> Plan:
+    """Check everything that can be checked before any rank starts; LaunchError if not."""
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    try:
-        if not command:
-            raise LaunchError("give the rank's command after `--`, e.g. -- train --data D ...")
-        if args.hostfile:
-            hosts, file_backend = read_hostfile(args.hostfile)
-            world = len(hosts)
-        else:
-            if args.n < 1:
-                raise LaunchError("give -n N (ranks on this machine) or --hostfile")
-            world, file_backend, hosts = args.n, "", []
-        backend = args.backend or file_backend or None
-        if backend == "ring" and hosts and any(not h.get("ips") for h in hosts):
-            raise LaunchError("the ring backend needs `ips` for every host in the hostfile")
-        if backend == "mpi":
-            check_mpirun(world)
-        run_dir = check_train_args(command[1:], world) if command[0] == "train" else None
-    except LaunchError as e:
-        print(f"fleet launch: error: {e}", file=sys.stderr)
-        return 2
+    if not command:
+        raise LaunchError("give the rank's command after `--`, e.g. -- train --data D ...")
+    if args.hostfile:
+        hosts, file_backend = read_hostfile(args.hostfile)
+        world = len(hosts)
+    else:
+        if args.n < 1:
+            raise LaunchError("give -n N (ranks on this machine) or --hostfile")
+        world, file_backend, hosts = args.n, "", []
+    backend = args.backend or file_backend or None
+    if backend == "ring" and hosts and any(not h.get("ips") for h in hosts):
+        raise LaunchError("the ring backend needs `ips` for every host in the hostfile")
+    if backend == "mpi":
+        check_mpirun(world)
+    cfg = check_train_args(command[1:], world) if command[0] == "train" else None
+    if args.restarts and cfg is None:
+        raise LaunchError("--restarts needs a `train` command (it resumes from checkpoints)")
+    return Plan(command, world, hosts, args.hostfile, backend, cfg)
 
+
+def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
+    """The command line of mlx.launch for one attempt of `plan`."""
     mlx_argv = [
         "--python",
         args.python,
@@ -201,23 +256,22 @@ def main(args: argparse.Namespace) -> int:
         "--nccl-port",
         str(args.nccl_port),
     ]
-    mlx_argv += ["--hostfile", args.hostfile] if args.hostfile else ["-n", str(world)]
-    if backend and backend != "any":
-        mlx_argv += ["--backend", backend]
+    mlx_argv += ["--hostfile", plan.hostfile] if plan.hostfile else ["-n", str(plan.world)]
+    if plan.backend and plan.backend != "any":
+        mlx_argv += ["--backend", plan.backend]
     if args.verbose:
         mlx_argv.append("--verbose")
-    env = preload_env()
-    threads = max(1, (os.cpu_count() or 1) // world) if not args.hostfile else None
-    rank_env = list(args.env)
-    if backend and backend != "any":
-        rank_env.append(f"FLEET_BACKEND={backend}")  # the ranks join exactly this backend
+    threads = max(1, (os.cpu_count() or 1) // plan.world) if not plan.hostfile else None
+    rank_env = [*args.env, *plan.env]
+    if plan.backend and plan.backend != "any":
+        rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
         # N ranks on one machine each default to every core: oversubscription would make
         # every rank look slow. Give each its share.
         rank_env.append(f"OPENBLAS_NUM_THREADS={threads}")
     for e in rank_env:
         mlx_argv += ["--env", e]
-    argv = [
+    return [
         sys.executable,
         "-c",
         "from mlx._distributed_utils.launch import main; main()",
@@ -225,10 +279,89 @@ def main(args: argparse.Namespace) -> int:
         "--",
         "-m",
         "fleet.cli",
-        *command,
+        *plan.command,
     ]
-    hosts_ssh = [h.get("ssh", "") for h in hosts]
-    return supervise(argv, env, hosts_ssh, grace=args.stop_grace, run_dir=run_dir)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        plan = plan_launch(args)
+    except LaunchError as e:
+        print(f"fleet launch: error: {e}", file=sys.stderr)
+        return 2
+    say = partial(print, file=sys.stderr, flush=True)
+    restarts, last = 0, None
+    while True:
+        ssh_names = [h.get("ssh", "") for h in plan.hosts]
+        sup = Supervisor(
+            mlx_launch_argv(args, plan), preload_env(), ssh_names, args.stop_grace, plan.run_dir
+        )
+        code = sup.run()
+        if code == 0 or sup.signalled or not sup.failures or not args.restarts:
+            return code
+        failure = restart.failure_of(sup.failures[0][0], sup.failures[0][1], plan.run_dir)
+        if restarts == args.restarts:
+            say(f"fleet launch: {failure.describe()}; no restarts left (--restarts {restarts})")
+            return code
+        if failure == last:
+            say(
+                f"fleet launch: the same failure twice ({failure.describe()}): restarting "
+                "again would repeat it; stopping"
+            )
+            return code
+        restarts, last = restarts + 1, failure
+        wait = restart.backoff(restarts, args.restart_backoff)
+        say(
+            f"fleet launch: {failure.describe()}; restart {restarts} of {args.restarts} in "
+            f"{wait:g} s from the newest verified checkpoint"
+        )
+        time.sleep(wait)
+        try:
+            plan = next_attempt(plan, restarts, failure, args.allow_shrink, say)
+        except LaunchError as e:
+            say(f"fleet launch: cannot restart: {e}")
+            return code
+
+
+def next_attempt(
+    plan: Plan, number: int, failure: restart.Failure, allow_shrink: bool, say
+) -> Plan:
+    """The plan of restart `number`: the reachable hosts (all of them, or with --allow-shrink
+    the ones ssh still reaches), the same global batch over them, resuming."""
+    keep = list(range(plan.world))
+    if plan.hosts:
+        lost = [i for i, h in enumerate(plan.hosts) if not restart.reachable(h["ssh"])]
+        if lost:
+            names = ", ".join(plan.hosts[i]["ssh"] for i in lost)
+            if not allow_shrink:
+                raise LaunchError(
+                    f"{names} cannot be reached over ssh; --allow-shrink would go on without it"
+                )
+            keep = [i for i in keep if i not in lost]
+            if not keep:
+                raise LaunchError("no host can be reached")
+            say(f"fleet launch: {names} cannot be reached: going on with {len(keep)} rank(s)")
+    old = plan.split()
+    try:
+        new = old if len(keep) == plan.world else restart.shrunk_split(old, keep, plan.run_dir)
+    except balance.BalanceError as e:
+        raise LaunchError(str(e)) from None
+    hosts, hostfile = plan.hosts, plan.hostfile
+    if plan.hosts and len(keep) < plan.world:
+        hosts = [plan.hosts[i] for i in keep]
+        folder = Path(plan.run_dir) / "launch"
+        folder.mkdir(parents=True, exist_ok=True)
+        hostfile = str(folder / f"hosts-restart-{number}.json")
+        Path(hostfile).write_text(json.dumps(hosts, indent=2) + "\n")
+    note = restart.restart_env(number, failure.describe(), old, new)
+    return replace(
+        plan,
+        command=restart.relaunch_command(plan.command, plan.run_dir, new),
+        world=len(keep),
+        hosts=hosts,
+        hostfile=hostfile,
+        env=[f"FLEET_RESTART={note}"],
+    )
 
 
 class Supervisor:

@@ -32,6 +32,7 @@ from trainer.controller import HEARTBEAT_S, Controller, stop_on_signals
 from trainer.distributed import Cluster, PeerLost
 from trainer.optim import Schedule
 from trainer.progress import Progress
+from trainer.restart import restart_note
 from trainer.run import ReplicaMismatch, Run, open_run
 from trainer.step import UpdateFigures
 
@@ -68,6 +69,8 @@ def train(
         updates=cfg.updates,
         config_digest=cfg.digest(),
     )
+    if (note := restart_note()) and cluster.is_root:  # relaunched by fleet launch --restarts
+        run.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)
     try:
         # Ctrl-C, SIGTERM and SIGHUP to any rank become a `stop` at the next boundary.
         with stop_on_signals(controller, say):
