@@ -12,8 +12,6 @@ import os
 import sys
 from importlib import import_module
 
-from fleet.blas import reexec_with_openblas
-
 # subcommand -> (module that owns it, one-line help). Each module has
 # `configure(name, parser)` and `run(name, args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -27,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("console.cli", "the product in one command: a local run and its console"),
 }
 
-# Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (fleet/blas.py).
+# Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (trainer/blas.py).
 COMPUTE = frozenset({"train", "launch", "bench", "demo"})
 
 
@@ -54,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
         return 2
     if as_command and name in COMPUTE:
+        # Imported here: `fleet` itself imports only its table, and the console never needs it.
+        from trainer.blas import reexec_with_openblas
+
         reexec_with_openblas(argv)
     module = import_module(SUBCOMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])

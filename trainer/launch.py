@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from fleet.blas import preload_env
+from trainer.blas import preload_env
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
 _FAILED = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
