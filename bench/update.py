@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # mlx loads only when a benchmark builds a model
     from mlx.optimizers import Optimizer
 
     from trainer.model import GPT
-    from trainer.step import Stepper
+    from trainer.step import Stepper, UpdateFigures
 
 
 def synthetic_stepper(
@@ -53,17 +53,15 @@ def synthetic_stepper(
     return model, optimizer, stepper
 
 
-def make_update(args: argparse.Namespace) -> tuple[Callable[[int], tuple[float, float]], GPT]:
-    """The trainer's update on synthetic tokens: returns (update(i) -> (microsteps_s,
-    optimizer_s), model). Model, precision, accumulation and optimizer as `fleet train`'s."""
-    import time
-
+def make_update(args: argparse.Namespace) -> tuple[Callable[[int], UpdateFigures], GPT]:
+    """The trainer's update on synthetic tokens: returns (update(i) -> its figures, model).
+    Model, precision, accumulation and optimizer as `fleet train`'s; the update itself is
+    `Stepper.update`, the one `train()` runs."""
     import mlx.core as mx
 
     from trainer.data import SyntheticStream
-    from trainer.step import zeros_f32
 
-    model, optimizer, stepper = synthetic_stepper(
+    model, _, stepper = synthetic_stepper(
         depth=args.depth,
         width=args.width,
         heads=args.heads,
@@ -74,23 +72,12 @@ def make_update(args: argparse.Namespace) -> tuple[Callable[[int], tuple[float, 
     )
     stream = SyntheticStream(args.vocab, args.seq_len, 0)
     B, accum = args.local_batch, args.accum
+    sequential = args.accum_mode == "sequential"
 
-    def update(i: int) -> tuple[float, float]:
-        """One update; returns (seconds in microsteps, seconds in the optimizer step)."""
-        t0 = time.perf_counter()
+    def update(i: int) -> UpdateFigures:
+        """Update `i`: its `accum` microbatches built on the host (about 10 us a row), then
+        the trainer's update on one rank."""
         batches = [mx.array(stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
-        if args.accum_mode == "sequential":
-            acc = zeros_f32(model.trainable_parameters())
-            loss, ntok = mx.array(0.0), mx.array(0.0)
-            for b in batches:
-                acc, loss, ntok = stepper.microstep(acc, loss, ntok, b)
-                mx.eval(acc, loss, ntok)
-        else:
-            acc, loss, ntok = stepper.unrolled(batches)
-            mx.eval(acc, loss, ntok)
-        t1 = time.perf_counter()
-        norm = stepper.apply(acc, ntok, 1e-4)
-        mx.eval(model.parameters(), optimizer.state, norm)
-        return t1 - t0, time.perf_counter() - t1
+        return stepper.update(batches, 1e-4, sequential=sequential)
 
     return update, model
