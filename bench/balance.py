@@ -14,6 +14,7 @@ from pathlib import Path
 
 from telemetry import balance
 from telemetry.arrowlog import read_updates
+from telemetry.split import parse as parse_split
 from trainer.blas import preload_env
 
 
@@ -156,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     err = Console(stderr=True, quiet=args.json)
-    variants = [balance.parse_split(v) for v in args.variant]
+    variants = [parse_split(v) for v in args.variant]
     gb = args.global_batch or (sum(variants[0]) if variants else 2 * args.n)
     even = [gb // args.n + (1 if r < gb % args.n else 0) for r in range(args.n)]
     variants = variants or [even]
