@@ -60,7 +60,7 @@ def test_the_benchmarks_load_neither_mlx_nor_textual_until_they_run():
     loaded = loaded_by(
         "bench", "import argparse; pkg.cli.configure('bench', argparse.ArgumentParser())"
     )
-    assert {"bench", "trainer", "telemetry", "console"} <= loaded  # it may import all three
+    assert "bench" in loaded  # and it may import the three packages
     assert not loaded & {"mlx", "textual", "fleet"}
 
 
