@@ -11,7 +11,7 @@ else
 EXTRAS ?= $(or $(FLEET_EXTRA),cpu),dev
 endif
 
-# Debian's OpenBLAS, when present, replaces the reference BLAS of mlx[cpu] (fleet/blas.py).
+# Debian's OpenBLAS, when present, replaces the reference BLAS of mlx[cpu] (trainer/blas.py).
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
                                    /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3))
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) FLEET_BLAS=openblas,)

@@ -180,7 +180,7 @@ def optimizer_probes() -> dict:
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten, tree_map
 
-    from trainer.bench import synthetic_stepper
+    from bench.update import synthetic_stepper
 
     model, opt, stepper = synthetic_stepper(
         depth=12, width=C, heads=H, vocab=V, seq_len=T, precision="mixed"

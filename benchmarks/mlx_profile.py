@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-from trainer.bench import synthetic_stepper
+from bench.update import synthetic_stepper
 from trainer.data import SyntheticStream
 from trainer.step import zeros_f32
 

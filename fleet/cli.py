@@ -1,8 +1,10 @@
 """The `fleet` entry point: finds the package that owns a subcommand and imports only that one.
 
-It lives in its own small package because it must reach all three parts, and each of
-`trainer`, `telemetry` and `console` is forbidden to import at least one of the others.
-Importing lazily also keeps `fleet console` free of mlx and `fleet train` free of textual.
+It lives in its own small package because it must reach all three parts (and `bench`, the
+benchmarks beside them), and each of `trainer`, `telemetry` and `console` is forbidden to
+import at least one of the others. At module level it imports only its table: the owner of a
+subcommand is imported when that subcommand runs, which keeps `fleet console` free of mlx and
+`fleet train` free of textual.
 """
 
 from __future__ import annotations
@@ -12,22 +14,20 @@ import os
 import sys
 from importlib import import_module
 
-from fleet.blas import reexec_with_openblas
-
 # subcommand -> (module that owns it, one-line help). Each module has
 # `configure(name, parser)` and `run(name, args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.cli", "turn text into Parquet token shards"),
     "train": ("trainer.cli", "train a model (one rank, or one of many under mlx.launch)"),
     "launch": ("trainer.cli", "start a data-parallel run with mlx.launch"),
-    "bench": ("trainer.cli", "benchmarks: memory, balance, throughput"),
+    "bench": ("bench.cli", "benchmarks: memory, balance, throughput, telemetry, console"),
     "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
     "report": ("telemetry.cli", "summarize a run from its telemetry logs"),
     "console": ("console.cli", "the live operator console (Textual, over SSH)"),
     "demo": ("console.cli", "the product in one command: a local run and its console"),
 }
 
-# Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (fleet/blas.py).
+# Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (trainer/blas.py).
 COMPUTE = frozenset({"train", "launch", "bench", "demo"})
 
 
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
         return 2
     if as_command and name in COMPUTE:
+        # Imported here: `fleet` itself imports only its table, and the console never needs it.
+        from trainer.blas import reexec_with_openblas
+
         reexec_with_openblas(argv)
     module = import_module(SUBCOMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])

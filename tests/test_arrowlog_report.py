@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
+from bench import synthetic
 from fleet.cli import main as fleet_main
-from telemetry import synthetic
 from telemetry.arrowlog import ArrowLog, log_ranks, read_events, read_stream, read_updates
 from telemetry.errors import TelemetryError
 from telemetry.records import Event

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fleet import blas
 from tests.conftest import fleet_env
+from trainer import blas
 
 SNIPPET = """
 import json, mlx.core as mx

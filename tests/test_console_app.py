@@ -288,8 +288,8 @@ async def test_demo_quit_asks_and_can_stop_the_run(feed):
 
 @aio
 async def test_replay_app_steps_and_blocks_commands(tmp_path):
+    from bench.synthetic import write_run
     from console.replay import ReplayFeed
-    from telemetry.synthetic import write_run
 
     write_run(tmp_path, world_size=3, steps=20)
     feed = ReplayFeed(tmp_path, speed=1.0)

@@ -189,7 +189,7 @@ def gather(env, hosts_json, sshd, run_dir, dest, *extra):
 
 
 def test_gather_brings_every_ranks_logs_home_for_report(tmp_path, sshd, home):
-    from telemetry import synthetic
+    from bench import synthetic
     from telemetry.arrowlog import ArrowLog
     from telemetry.report import summarize
 

@@ -470,8 +470,8 @@ def test_feed_turns_commands_off_when_rank0_serves_another_run(tmp_path):
 
 
 def test_replay_plays_steps_and_finishes(tmp_path):
+    from bench.synthetic import write_run
     from console.replay import ReplayError, ReplayFeed
-    from telemetry.synthetic import write_run
 
     write_run(tmp_path, world_size=3, steps=30, rebalance_at=15, eval_every=10)
     feed = ReplayFeed(tmp_path)
@@ -504,7 +504,7 @@ def test_replay_plays_steps_and_finishes(tmp_path):
 
 
 def test_replay_once_json_cli(tmp_path):
-    from telemetry.synthetic import write_run
+    from bench.synthetic import write_run
 
     write_run(tmp_path, world_size=2, steps=12, slow_rank=1, eval_every=0, rebalance_at=None)
     out = subprocess.run(
@@ -574,7 +574,7 @@ def test_demo_commands(tmp_path):
 def test_console_never_imports_mlx_or_trainer():
     code = (
         "import sys, console.app, console.cli, console.demo, console.once, console.replay, "
-        "console.ssh, console.bench\n"
+        "console.ssh, bench.console\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'trainer'))\n"
         "assert not bad, bad\n"
     )

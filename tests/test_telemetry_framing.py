@@ -9,7 +9,8 @@ import sys
 import msgpack
 import pytest
 
-from telemetry import auth, protocol, synthetic, sysmem
+from bench import synthetic
+from telemetry import auth, protocol, sysmem
 from telemetry.backoff import Backoff
 from telemetry.errors import ProtocolError
 from telemetry.framing import Decoder, FramingError, encode

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from telemetry import auth, protocol, synthetic
+from bench import synthetic
+from telemetry import auth, protocol
 from telemetry.client import TelemetryClient
 from telemetry.control import CommandQueue
 from telemetry.hub import ANY_PORT, Hub

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from bench import synthetic
 from fleet.cli import main as fleet_main
-from telemetry import auth, protocol, synthetic
+from telemetry import auth, protocol
 from telemetry.client import TelemetryClient
 from telemetry.control import CommandQueue, CommandResult
 from telemetry.errors import (

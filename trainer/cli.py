@@ -1,4 +1,4 @@
-"""The trainer's subcommands: `fleet prepare`, `train`, `launch` and `bench`.
+"""The trainer's subcommands: `fleet prepare`, `train` and `launch`.
 
 Nothing here imports mlx at module level, so `fleet prepare` and `--help` start fast.
 """
@@ -28,10 +28,6 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         from trainer.launch import add_arguments
 
         add_arguments(parser)
-    elif name == "bench":
-        from trainer.bench import add_arguments
-
-        add_arguments(parser)
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -43,10 +39,6 @@ def run(name: str, args: argparse.Namespace) -> int:
         return train(args)
     if name == "launch":
         from trainer.launch import main
-
-        return main(args)
-    if name == "bench":
-        from trainer.bench import main
 
         return main(args)
     raise ValueError(name)

@@ -25,9 +25,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fleet.blas import preload_env
 from telemetry import balance
 from trainer import heartbeat, restart
+from trainer.blas import preload_env
 from trainer.proctree import ProcessTree
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from fleet.blas import preload_env
 from telemetry import balance
 from telemetry.arrowlog import read_updates
 from telemetry.split import parse as parse_split
+from trainer.blas import preload_env
 
 
 def splits_of(total: int, parts: int) -> list[list[int]]:

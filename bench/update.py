@@ -1,0 +1,83 @@
+"""The trainer's model, optimizer and update on synthetic tokens, as the benchmarks time them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # mlx loads only when a benchmark builds a model
+    from mlx.optimizers import Optimizer
+
+    from trainer.model import GPT
+    from trainer.step import Stepper, UpdateFigures
+
+
+def synthetic_stepper(
+    *,
+    depth: int,
+    width: int,
+    heads: int,
+    vocab: int,
+    seq_len: int,
+    precision: str,
+    loss_chunk: int = 0,
+) -> tuple[GPT, Optimizer, Stepper]:
+    """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
+    --synthetic` builds them (the benchmarks and profiles time these)."""
+    import mlx.core as mx
+
+    from trainer.config import TrainConfig
+    from trainer.model import GPT, ModelConfig
+    from trainer.optim import make_optimizer
+    from trainer.step import Stepper
+
+    cfg = ModelConfig.from_sizes(
+        depth=depth, width=width, heads=heads, vocab=vocab, seq_len=seq_len
+    )
+    model = GPT(cfg)
+    model.init_weights(0)
+    if precision == "bf16":
+        model.set_dtype(mx.bfloat16)
+    optimizer = make_optimizer(TrainConfig(synthetic=True))
+    optimizer.init(model.trainable_parameters())
+    mx.eval(model.parameters(), optimizer.state)
+    stepper = Stepper(
+        model,
+        optimizer,
+        precision=precision,
+        pad_id=-1,
+        grad_clip=1.0,
+        loss_chunk=loss_chunk,
+    )
+    return model, optimizer, stepper
+
+
+def make_update(args: argparse.Namespace) -> tuple[Callable[[int], UpdateFigures], GPT]:
+    """The trainer's update on synthetic tokens: returns (update(i) -> its figures, model).
+    Model, precision, accumulation and optimizer as `fleet train`'s; the update itself is
+    `Stepper.update`, the one `train()` runs."""
+    import mlx.core as mx
+
+    from trainer.data import SyntheticStream
+
+    model, _, stepper = synthetic_stepper(
+        depth=args.depth,
+        width=args.width,
+        heads=args.heads,
+        vocab=args.vocab,
+        seq_len=args.seq_len,
+        precision=args.precision,
+        loss_chunk=args.loss_chunk,
+    )
+    stream = SyntheticStream(args.vocab, args.seq_len, 0)
+    B, accum = args.local_batch, args.accum
+    sequential = args.accum_mode == "sequential"
+
+    def update(i: int) -> UpdateFigures:
+        """Update `i`: its `accum` microbatches built on the host (about 10 us a row), then
+        the trainer's update on one rank."""
+        batches = [mx.array(stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
+        return stepper.update(batches, 1e-4, sequential=sequential)
+
+    return update, model
