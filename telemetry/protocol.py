@@ -92,9 +92,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import msgpack
-
 from telemetry.errors import ProtocolError
+
+# The framing limits and `pack` live in the layer below; re-exported as part of the spec.
+from telemetry.framing import FEED_SLICE as FEED_SLICE
+from telemetry.framing import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
+from telemetry.framing import pack as pack
 from telemetry.records import (
     COMMANDS,
     MESSAGE_TYPES,
@@ -109,8 +112,6 @@ VERSION = PROTOCOL_VERSION
 DEFAULT_PORT_BASE = 47800
 DEFAULT_BACKLOG = 256  # update records sent as history to a new subscriber
 DEFAULT_EVENT_BACKLOG = 64  # event records sent as history after them
-MAX_MESSAGE_BYTES = 1 << 20
-FEED_SLICE = 64 << 10  # bytes fed to an Unpacker at a time; its buffer holds one message + this
 MAX_DEPTH = 32
 MAX_CLIENTS = 64
 MAX_INFLIGHT = 16  # commands of one connection waiting for the training loop
@@ -121,26 +122,6 @@ MAC_HEX = 64
 MAC_DOMAIN = "mlx-fleet control v1"
 
 _HEX = frozenset("0123456789abcdef")
-
-
-def port_for(port_base: int, rank: int) -> int:
-    """The TCP port rank `rank` serves on."""
-    return port_base + rank
-
-
-def pack(obj: Any) -> bytes:
-    """msgpack bytes of `obj`; values msgpack does not know (a Path, a numpy scalar) go as str."""
-    return msgpack.packb(obj, use_bin_type=True, default=_as_str)
-
-
-def _as_str(obj: Any) -> Any:
-    item = getattr(obj, "item", None)  # numpy / mlx scalars
-    if callable(item):
-        try:
-            return item()
-        except (TypeError, ValueError):
-            pass
-    return str(obj)
 
 
 def as_map(message: Message) -> dict[str, Any]:
