@@ -19,7 +19,7 @@ from typing import Any
 from telemetry.arrowlog import ArrowLog, log_dir
 from telemetry.control import CommandQueue
 from telemetry.protocol import DEFAULT_EVENT_BACKLOG
-from telemetry.records import Event, Hello, Update
+from telemetry.records import EVENT_KINDS, Event, Hello, Update
 from telemetry.server import ANY_PORT, Server
 
 __all__ = ["ANY_PORT", "Hub", "unix_socket_path"]
@@ -113,7 +113,15 @@ class Hub:
         self._put(record)
 
     def on_event(self, event: Event) -> None:
-        """Hand over one event; never blocks and never raises."""
+        """Hand over one event; never blocks. ValueError for a kind not in EVENT_KINDS.
+
+        That one raises because it is a bug in the caller (kinds are literals in the code),
+        found by the first test that emits it, rather than a kind no console knows.
+        """
+        kind = getattr(event, "kind", None)
+        if kind not in EVENT_KINDS:
+            known = ", ".join(sorted(EVENT_KINDS))
+            raise ValueError(f"unknown event kind {kind!r}; a rank emits one of: {known}")
         self._put(event)
 
     def _put(self, record: Update | Event) -> None:

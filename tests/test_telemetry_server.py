@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,7 @@ from telemetry.errors import (
 )
 from telemetry.framing import Decoder
 from telemetry.hub import ANY_PORT, Hub
-from telemetry.records import Dropped, Event, Reply, Update
+from telemetry.records import EVENT_KINDS, Dropped, Event, Reply, Update
 
 
 @pytest.fixture
@@ -205,6 +207,21 @@ def test_set_hello_reaches_new_connections(make_hub):
     assert connect(hub).hello.local_batch == 9
     with pytest.raises(TypeError):
         hub.set_hello(no_such_field=1)
+
+
+def test_event_of_an_unknown_kind_is_refused_at_once(make_hub):
+    hub = make_hub()
+    with pytest.raises(ValueError, match="unknown event kind 'chekpoint'"):
+        hub.on_event(Event("chekpoint", 0, 1))
+    hub.on_event(Event("checkpoint", 0, 1, data={"path": "p", "verified": True}))
+
+
+def test_every_kind_the_trainer_emits_is_known():
+    trainer = Path(__file__).resolve().parents[1] / "trainer"
+    kinds = set()
+    for path in trainer.glob("*.py"):
+        kinds |= set(re.findall(r'\bEvent\(\s*"(\w+)"', path.read_text()))
+    assert kinds and kinds <= EVENT_KINDS, kinds - EVENT_KINDS
 
 
 def test_unix_socket(make_hub, tmp_path):
