@@ -24,7 +24,7 @@ from telemetry.errors import (
     TelemetryError,
 )
 from telemetry.framing import Decoder
-from telemetry.hub import ANY_PORT, Hub
+from telemetry.hub import ANY_PORT, Hub, unix_socket_path
 from telemetry.records import EVENT_KINDS, Dropped, Event, Reply, Update
 
 
@@ -232,6 +232,27 @@ def test_unix_socket(make_hub, tmp_path):
     assert read_until(client, last_step(1))
     hub.close()
     assert not hub.unix_path.exists()
+
+
+def test_unix_socket_served_by_a_live_rank_is_left_alone(make_hub, tmp_path):
+    live = make_hub(port=None, unix_socket=True)
+    second = Hub(run_dir=tmp_path, hello=synthetic.hello(), port=None, unix_socket=True, log=False)
+    with pytest.raises(TelemetryError, match="served by a live process"):
+        second.start()
+    second.close()
+    assert live.unix_path.exists()  # the failed start removed nothing of the live one's
+    assert TelemetryClient.connect_unix(live.unix_path).hello.rank == 0
+
+
+def test_stale_unix_socket_is_replaced(tmp_path):
+    path = unix_socket_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening, then closed: what a killed rank leaves
+    dead.close()
+    hub = Hub(run_dir=tmp_path, hello=synthetic.hello(), port=None, unix_socket=True, log=False)
+    with hub:
+        assert TelemetryClient.connect_unix(hub.unix_path).hello.rank == 0
 
 
 def test_unix_socket_path_too_long_is_a_clear_error(tmp_path):
