@@ -51,7 +51,9 @@ Server -> client (fields; ``?`` marks a field a newer peer may omit, which takes
                 lost only when this subscriber reads slower than the run produces: its own
                 buffer (512 records) keeps the newest. The run never waits for a subscriber.
     ``reply``   id (the command's id; 0 for a protocol error), ok (bool), result (map; when
-                applied, includes ``step``: the update boundary it took effect at), error (str).
+                applied, includes ``step``: the update boundary it took effect at), error (str,
+                at most ``ERROR_TEXT_MAX`` characters: a longer text is cut, saying so). A
+                result too large for the wire is replaced by {step?, truncated: why}.
 
 Client -> server
     ``command`` id (int, chosen by the client, echoed in the reply), cmd (one of
@@ -105,6 +107,7 @@ from telemetry.records import (
     Command,
     Event,
     Message,
+    Reply,
 )
 from telemetry.split import shape_problem
 
@@ -117,6 +120,7 @@ MAX_CLIENTS = 64
 MAX_INFLIGHT = 16  # commands of one connection waiting for the training loop
 NONCE_MEMORY = 65536  # accepted nonces remembered (16 B each: about 3 MiB at most)
 PARTIAL_TIMEOUT_S = 30.0
+ERROR_TEXT_MAX = 500  # characters of a reply's error text; the rest is cut
 NONCE_HEX = 32
 MAC_HEX = 64
 MAC_DOMAIN = "mlx-fleet control v1"
@@ -149,6 +153,22 @@ def encode_event(event: Event) -> bytes:
     except ProtocolError as e:
         small = dataclasses.replace(event, message=event.message[:1000], data={"truncated": str(e)})
         return encode(small)
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """Like `encode`, but bounded: the error text is cut to ERROR_TEXT_MAX characters, and a
+    result too large for the wire is replaced, so every command gets its answer."""
+    error = reply.error
+    if len(error) > ERROR_TEXT_MAX:
+        error = f"{error[: ERROR_TEXT_MAX - 40]}... ({len(error)} characters, cut)"
+        reply = dataclasses.replace(reply, error=error)
+    try:
+        return encode(reply)
+    except ProtocolError as e:
+        result = {"truncated": str(e)}
+        if isinstance(reply.result.get("step"), int):
+            result["step"] = reply.result["step"]
+        return encode(dataclasses.replace(reply, result=result))
 
 
 def is_hex(value: Any, length: int) -> bool:

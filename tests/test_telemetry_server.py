@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -399,6 +400,28 @@ def test_refused_commands_never_reach_the_queue(control, tmp_path):
     replay = peer.command("pause", key=key, nonce=nonce, cid=7)
     assert not replay.ok and "replay" in replay.error
     assert queue.poll() is None
+
+
+def test_a_huge_split_gets_a_bounded_refusal(control, caplog):
+    hub, queue, key = control
+    client = connect(hub, key=key)
+    split = [1] * 400_000
+    cid = client.send_command("rebalance", {"split": split})
+    # A trainer that quotes the whole split in its refusal: about 1.2 MB of text.
+    resolve_next(queue, CommandResult(ok=False, error=f"cannot use split {split}"))
+    reply = read_until(client, lambda m: isinstance(m, Reply), timeout=30)[-1]
+    assert reply.id == cid and not reply.ok
+    assert reply.error.startswith("cannot use split [1, 1, ")
+    assert len(reply.error) <= protocol.ERROR_TEXT_MAX and "cut" in reply.error
+    # An applied command whose result is too large for the wire still gets its answer.
+    threading.Thread(
+        target=resolve_next,
+        args=(queue, CommandResult(ok=True, step=9, result={"log": "x" * (2 << 20)})),
+        daemon=True,
+    ).start()
+    big = client.command("checkpoint", timeout=30)
+    assert big.ok and big.result["step"] == 9 and "truncated" in big.result
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_replay_on_another_connection_fails(control):

@@ -167,7 +167,7 @@ class Connection:
         self.out.clear()
         self.dropped_since = 0
         error = Reply(id=0, ok=False, error=f"protocol error: {why}")
-        self.ctl.append(protocol.encode(error))
+        self.ctl.append(protocol.encode_reply(error))
         self.closing_at = time.monotonic() + CLOSE_GRACE_S
         self.flush()
 

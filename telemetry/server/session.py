@@ -113,7 +113,7 @@ class Session:
         self.gate.submit(self, cmd)
 
     def reply(self, reply: Reply, flush: bool = True) -> None:
-        self.conn.queue(protocol.encode(reply))
+        self.conn.queue(protocol.encode_reply(reply))  # bounded: a refusal text may be huge
         if flush:
             self.conn.flush()
 
