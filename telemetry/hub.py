@@ -20,9 +20,9 @@ from telemetry.arrowlog import ArrowLog, log_dir
 from telemetry.control import CommandQueue
 from telemetry.protocol import DEFAULT_EVENT_BACKLOG
 from telemetry.records import EVENT_KINDS, Event, Hello, Update
-from telemetry.server import ANY_PORT, Server
+from telemetry.server import ANY_PORT, ConnectionLimits, Server
 
-__all__ = ["ANY_PORT", "Hub", "unix_socket_path"]
+__all__ = ["ANY_PORT", "ConnectionLimits", "Hub", "unix_socket_path"]
 
 
 def unix_socket_path(run_dir: str | Path, rank: int) -> Path:
@@ -37,6 +37,7 @@ class Hub:
     `address`), else that port. Only rank 0 with `commands` and `key` applies commands.
     `flush_interval`: records go out at most this often, batched (0 = each at once); a
     record after a quiet spell goes at once. Replies to commands never wait.
+    `limits`: how many connections, and their timeouts (protocol.py's defaults).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Hub:
         subscriber_buffer: int = 512,
         event_backlog: int = DEFAULT_EVENT_BACKLOG,
         flush_interval: float = 0.1,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self._hello = hello
@@ -79,6 +81,7 @@ class Hub:
                 subscriber_buffer=subscriber_buffer,
                 rank0_port=port - hello.rank if port and port > 0 else None,
                 flush_interval=flush_interval,
+                limits=limits,
             )
 
     def start(self) -> Hub:

@@ -23,7 +23,16 @@ Framing
     - msgpack ext types are not used: any but the timestamp closes the connection; a
       timestamp (which msgpack decodes itself) fails validation like any other wrong value;
     - a partial message may not sit unfinished for more than ``PARTIAL_TIMEOUT_S`` (30 s);
-    - a rank serves at most ``MAX_CLIENTS`` (64) connections; more are closed at once.
+    - a connection that takes none of what it is sent for ``IDLE_TIMEOUT_S`` (60 s) is
+      closed: it does not read;
+    - a rank serves at most ``MAX_CLIENTS`` (64) connections, ``RESERVED_SLOTS`` (1) of them
+      kept for control. When the rest are taken, a newcomer makes room by evicting the
+      oldest idle reader that has not signed a command; failing that it takes a reserved
+      slot and must sign a command within ``COMMAND_TIMEOUT_S`` (10 s); with the reserve
+      taken too it evicts the oldest connection that has not signed. A connection that has
+      sent a command with a good mac is never evicted; only a rank whose every slot holds
+      one refuses a connection (closes it at once). Evicted and timed-out connections get
+      an error ``reply`` with ``id`` 0 first, where it can be sent without waiting.
 
     Anything undecodable, oversized, too deep, not a map, without a known ``type``, or a type
     the receiver does not accept closes that connection only (a server first sends an error
@@ -120,6 +129,9 @@ MAX_CLIENTS = 64
 MAX_INFLIGHT = 16  # commands of one connection waiting for the training loop
 NONCE_MEMORY = 65536  # accepted nonces remembered (16 B each: about 3 MiB at most)
 PARTIAL_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 60.0  # output untaken this long: the peer does not read
+RESERVED_SLOTS = 1  # of MAX_CLIENTS, kept for a connection that signs a command
+COMMAND_TIMEOUT_S = 10.0  # how long a connection in a reserved slot has to sign one
 ERROR_TEXT_MAX = 500  # characters of a reply's error text; the rest is cut
 NONCE_HEX = 32
 MAC_HEX = 64

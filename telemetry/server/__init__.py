@@ -4,7 +4,9 @@ Layers, each wrapping only the one below (as pynvim's msgpack_rpc):
 
     loop.py        the thread's selector, its wake-up pair, its failure budget
     listener.py    bind address and loopback policy, the Unix socket and its stale probe
-    connection.py  one socket over telemetry.framing: read, queued writes, backpressure
+    connection.py  one socket over telemetry.framing: read, queued writes, backpressure,
+                   and the time it may take to do its part
+    pool.py        the open connections: who gets a slot, who makes room for whom
     session.py     a connection's challenge and commands in flight; the run's checks
     broadcast.py   the training thread's records, encoded once, kept as history
 
@@ -30,12 +32,13 @@ from telemetry import protocol
 from telemetry.control import CommandQueue
 from telemetry.records import Event, Hello, Update
 from telemetry.server.broadcast import Broadcast
-from telemetry.server.connection import Connections
+from telemetry.server.connection import ConnectionLimits
 from telemetry.server.listener import ANY_PORT, UNIX_PATH_MAX, Listener, accept
 from telemetry.server.loop import EventLoop
+from telemetry.server.pool import Connections
 from telemetry.server.session import CommandGate, Session
 
-__all__ = ["ANY_PORT", "UNIX_PATH_MAX", "Server"]
+__all__ = ["ANY_PORT", "UNIX_PATH_MAX", "ConnectionLimits", "Server"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class Server:
         queue_size: int = 1024,
         subscriber_buffer: int = 512,
         rank0_port: int | None = None,
-        max_clients: int = protocol.MAX_CLIENTS,
+        limits: ConnectionLimits | None = None,
         flush_interval: float = 0.1,
     ) -> None:
         self.hello = hello  # what new connections are told (Hub.set_hello replaces it)
@@ -84,7 +87,9 @@ class Server:
         self._gate = CommandGate(
             rank=self.rank, commands=commands, key=key, rank0_port=rank0_port, wake=self._loop.wake
         )
-        self._conns = Connections(self._loop.selector, cap=subscriber_buffer, limit=max_clients)
+        self._conns = Connections(
+            self._loop.selector, cap=subscriber_buffer, limits=limits or ConnectionLimits()
+        )
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -130,7 +135,10 @@ class Server:
             "subscribers": len(conns),
             "dropped_in_queue": self._records.dropped,
             "dropped_for_subscribers": sum(c.dropped_total for c in conns),
+            "stalled_subscribers": sum(c.stalled_since is not None for c in conns),
             "refused_clients": self._conns.refused,
+            "evicted_clients": self._conns.evicted,
+            "timed_out_clients": self._conns.timed_out,
             "closed_on_error": self._conns.closed_on_error,
             "server_cpu_s": self._loop.cpu_s,
         }
@@ -138,9 +146,12 @@ class Server:
     # --- the server thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
-        if self._loop.run(self._records.wait, self._turn):
+        if self._loop.run(self._timeout, self._turn):
             self._last_words()
         self._close_all()
+
+    def _timeout(self) -> float:
+        return self._records.wait(idle=self._conns.sweep_every)  # timeouts need a tick
 
     def _turn(self) -> None:
         now = time.monotonic()

@@ -1,8 +1,10 @@
-"""Client connections: bytes in through a Decoder, queued bytes out, and backpressure.
+"""One client connection: bytes in through a Decoder, queued bytes out, and backpressure.
 
 The thread never waits for a peer: a send that would block leaves the rest queued for the
 selector's next "writable", and a subscriber that reads slower than the run produces loses
-its oldest live records (counted and told), never the hello, history or replies.
+its oldest live records (counted and told), never the hello, history or replies. A peer
+that takes nothing for `idle_timeout`, or sits in a reserved slot without signing a command,
+is closed by `sweep` (the pool, pool.py, decides who gets a slot).
 """
 
 from __future__ import annotations
@@ -12,26 +14,47 @@ import contextlib
 import selectors
 import socket
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from telemetry import protocol
 from telemetry.framing import Decoder, FramingError
 from telemetry.records import Dropped, Reply
 
+if TYPE_CHECKING:
+    from telemetry.server.pool import Connections
+
 _CHUNK = 64 << 10  # bytes handed to one send()
 _RECV = 64 << 10  # bytes taken from one recv()
-_SWEEP_S = 0.5  # how often stalled and expired connections are looked for
 CLOSE_GRACE_S = 2.0  # how long an error reply may take to drain before the socket closes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How many connections a rank serves, and how long one may sit without doing its part."""
+
+    max_clients: int = protocol.MAX_CLIENTS
+    reserved: int = protocol.RESERVED_SLOTS  # of those, kept for a connection that signs
+    idle_timeout: float = protocol.IDLE_TIMEOUT_S  # output untaken this long: it does not read
+    command_timeout: float = protocol.COMMAND_TIMEOUT_S  # in a reserved slot, to sign a command
+    partial_timeout: float = protocol.PARTIAL_TIMEOUT_S  # a message left unfinished this long
 
 
 class Connection:
     """One client socket. Two output queues: `ctl` (hello, history, replies) always goes
     first and whole; `out` holds at most `cap` live records and loses its oldest when full."""
 
-    def __init__(self, sock: socket.socket, peer: str, cap: int, pool: Connections) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, cap: int, pool: Connections, *, probation: bool
+    ) -> None:
         self.sock = sock
         self.peer = peer
+        self.opened_at = time.monotonic()
+        self.trusted = False  # it sent a command that carried a good MAC: a key holder
+        # In a reserved slot: until when it has to sign a command (None: a plain reader).
+        self.probation_until = self.opened_at + pool.limits.command_timeout if probation else None
+        self.stalled_since: float | None = None  # output waiting, untaken by the peer, since
         self.decoder = Decoder()
         self.ctl: collections.deque[bytes] = collections.deque()
         self.out: collections.deque[bytes] = collections.deque()
@@ -124,6 +147,8 @@ class Connection:
 
     def flush(self) -> None:
         """Send until done or the socket would block; then wait for the selector."""
+        moved = False
+        self.blocked = False
         while True:
             if not self.pending:
                 chunk = self._next_chunk()
@@ -138,7 +163,12 @@ class Connection:
             except OSError:
                 self.close()
                 return
+            moved = moved or sent > 0
             self.pending = self.pending[sent:]
+        if not self.blocked:
+            self.stalled_since = None
+        elif moved or self.stalled_since is None:
+            self.stalled_since = time.monotonic()  # waiting for the peer from now on
         if self.closing_at is not None and not self.has_output():
             self.close()
             return
@@ -164,21 +194,52 @@ class Connection:
     def fail(self, why: str) -> None:
         """A protocol error: answer it (best effort), then close this connection only."""
         self._pool.closed_on_error += 1
+        self._close_after(f"protocol error: {why}")
+
+    def _close_after(self, text: str) -> None:
+        """Send `text` as an error reply (id 0), then close once sent or after the grace."""
         self.out.clear()
         self.dropped_since = 0
-        error = Reply(id=0, ok=False, error=f"protocol error: {why}")
-        self.ctl.append(protocol.encode_reply(error))
+        self.ctl.append(protocol.encode_reply(Reply(id=0, ok=False, error=text)))
         self.closing_at = time.monotonic() + CLOSE_GRACE_S
         self.flush()
 
-    def sweep(self, now: float) -> None:
-        """Close it if its error reply will not drain, or fail it if it stalls mid-message."""
-        if self.closing_at is not None and now >= self.closing_at:
-            self.close()
-        elif (
-            self.partial_since is not None and now - self.partial_since > protocol.PARTIAL_TIMEOUT_S
-        ):
-            self.fail(f"message unfinished for {protocol.PARTIAL_TIMEOUT_S:.0f} s")
+    def evict(self, why: str) -> None:
+        """Close at once to free its slot; say why if that can go in one non-blocking send."""
+        if not self.pending:  # never in the middle of a message already under way
+            with contextlib.suppress(OSError):
+                self.sock.send(protocol.encode_reply(Reply(id=0, ok=False, error=why)))
+        self.close()
+
+    def trust(self) -> None:
+        """It proved it holds the key: never evicted, never timed out for not signing."""
+        self.trusted = True
+        self.probation_until = None
+
+    def sweep(self, now: float) -> bool:
+        """Close or fail it if it has not done its part in time; True if it timed out.
+
+        Its part: take what is sent (within idle_timeout), finish a message it started
+        (partial_timeout), and, in a reserved slot, sign a command (command_timeout).
+        """
+        limits = self._pool.limits
+        if self.closing_at is not None:
+            if now >= self.closing_at:
+                self.close()  # its error reply will not drain
+            return False
+        if self.stalled_since is not None and now - self.stalled_since > limits.idle_timeout:
+            self.close()  # it does not read: an error reply would not reach it either
+            return True
+        if self.probation_until is not None and now > self.probation_until:
+            self._close_after(
+                f"the server is full and this slot is kept for control: no signed command "
+                f"came within {limits.command_timeout:g} s"
+            )
+            return True
+        if self.partial_since is not None and now - self.partial_since > limits.partial_timeout:
+            self.fail(f"message unfinished for {limits.partial_timeout:.0f} s")
+            return True
+        return False
 
     def close(self) -> None:
         """Close the socket and forget what was queued; idempotent."""
@@ -193,70 +254,3 @@ class Connection:
         self.ctl.clear()
         self.out.clear()
         self.sock.close()
-
-
-class Connections:
-    """Every open connection of one server (at most `limit`) and the counters they share."""
-
-    def __init__(self, selector: selectors.BaseSelector, *, cap: int, limit: int) -> None:
-        self.selector = selector
-        self.cap = cap  # live records each connection may hold
-        self.limit = limit
-        self.refused = 0  # connections closed at once: the server was full
-        self.closed_on_error = 0
-        self._open: dict[socket.socket, Connection] = {}
-        self._last_sweep = time.monotonic()
-
-    def add(self, sock: socket.socket, peer: str) -> Connection | None:
-        """A Connection for a new socket, or None (the socket closed) when full."""
-        if len(self._open) >= self.limit:
-            self.refused += 1
-            sock.close()
-            return None
-        conn = Connection(sock, peer, self.cap, self)
-        self._open[sock] = conn
-        return conn
-
-    def forget(self, conn: Connection) -> None:
-        self._open.pop(conn.sock, None)
-
-    def __iter__(self) -> Iterator[Connection]:
-        return iter(list(self._open.values()))  # a copy: a connection may close meanwhile
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def push(self, data: bytes) -> None:
-        """Queue one live record to every connection."""
-        for conn in self._open.values():
-            conn.push(data)
-
-    def flush(self) -> None:
-        """Send what each has queued; a stalled one costs nothing until it is writable."""
-        for conn in self:
-            if conn.has_output() and not conn.blocked:
-                conn.flush()
-
-    def sweep(self, now: float) -> None:
-        """Close or fail connections that stall (looked for every _SWEEP_S, not every turn)."""
-        if now - self._last_sweep < _SWEEP_S:
-            return
-        self._last_sweep = now
-        for conn in self:
-            conn.sweep(now)
-
-    def drain(self, grace: float) -> None:
-        """Send what is queued for up to `grace` s, waiting on the selector (when closing)."""
-        end = time.monotonic() + grace
-        while time.monotonic() < end:
-            waiting = [c for c in self if c.has_output()]
-            if not waiting:
-                return
-            for conn in waiting:
-                conn.blocked = False
-                conn.flush()
-            self.selector.select(min(0.05, max(0.0, end - time.monotonic())))
-
-    def close(self) -> None:
-        for conn in self:
-            conn.close()

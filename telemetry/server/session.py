@@ -23,7 +23,8 @@ from telemetry.server.connection import Connection
 
 
 class CommandGate:
-    """Which commands reach the run, checked in the order protocol.py documents."""
+    """Which commands reach the run, checked in the order protocol.py documents: first
+    whether it proves the key (`unsigned`), then whether it may run (`refusal`)."""
 
     def __init__(
         self,
@@ -42,8 +43,8 @@ class CommandGate:
         self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._replies: collections.deque[tuple[Session, int, Future]] = collections.deque()
 
-    def refusal(self, cmd: Command, challenge: str, inflight: int) -> str:
-        """Why this command is refused, or "" (a good MAC's nonce is remembered here)."""
+    def unsigned(self, cmd: Command, challenge: str) -> str:
+        """Why this command does not prove the key on this connection, or "" if it does."""
         if self.rank != 0:
             where = f" (port {self.rank0_port})" if self.rank0_port else ""
             return f"control goes to rank 0{where}"
@@ -57,6 +58,10 @@ class CommandGate:
             return f"bad nonce: expected {protocol.NONCE_HEX} lowercase hex digits"
         if not auth.verify(self.key, cmd.id, cmd.cmd, cmd.args, cmd.nonce, cmd.mac, challenge):
             return "bad signature: wrong key, or signed for another connection"
+        return ""
+
+    def refusal(self, cmd: Command, inflight: int) -> str:
+        """Why a signed command is still refused, or "" (its nonce is remembered here)."""
         if cmd.nonce in self._nonces:
             return "replayed command: its nonce was used before"
         # Remembered only once the MAC is good, so strangers cannot flush the memory.
@@ -105,7 +110,10 @@ class Session:
         except ProtocolError as e:
             self.conn.fail(str(e))
             return
-        why = self.gate.refusal(cmd, self.challenge, self.inflight)
+        why = self.gate.unsigned(cmd, self.challenge)
+        if not why:
+            self.conn.trust()  # a key holder: its slot is safe from newcomers
+            why = self.gate.refusal(cmd, self.inflight)
         if why:
             self.reply(Reply(id=cmd.id, ok=False, error=why))
             return
