@@ -50,10 +50,11 @@ class Connection:
     ) -> None:
         self.sock = sock
         self.peer = peer
-        self.opened_at = time.monotonic()
         self.trusted = False  # it sent a command that carried a good MAC: a key holder
         # In a reserved slot: until when it has to sign a command (None: a plain reader).
-        self.probation_until = self.opened_at + pool.limits.command_timeout if probation else None
+        self.probation_until: float | None = None
+        if probation:
+            self.probation_until = time.monotonic() + pool.limits.command_timeout
         self.stalled_since: float | None = None  # output waiting, untaken by the peer, since
         self.decoder = Decoder()
         self.ctl: collections.deque[bytes] = collections.deque()
@@ -81,7 +82,6 @@ class Connection:
         if mask & selectors.EVENT_READ and not self.closed:
             self._read()
         if mask & selectors.EVENT_WRITE and not self.closed:
-            self.blocked = False
             self.flush()
 
     def _read(self) -> None:
