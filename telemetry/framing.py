@@ -1,4 +1,8 @@
-"""Bytes to msgpack objects and back, for one connection: the bottom layer of the protocol."""
+"""Bytes to msgpack objects and back, for one connection: the bottom layer of the protocol.
+
+It imports no other layer (only the exception hierarchy); the size limits live here, and
+`telemetry.protocol` re-exports them with the rest of the wire specification.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,24 @@ from typing import Any
 import msgpack
 
 from telemetry.errors import ProtocolError
-from telemetry.protocol import FEED_SLICE, MAX_MESSAGE_BYTES, pack
+
+MAX_MESSAGE_BYTES = 1 << 20
+FEED_SLICE = 64 << 10  # bytes fed to an Unpacker at a time; its buffer holds one message + this
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack bytes of `obj`; values msgpack does not know (a Path, a numpy scalar) go as str."""
+    return msgpack.packb(obj, use_bin_type=True, default=_as_str)
+
+
+def _as_str(obj: Any) -> Any:
+    item = getattr(obj, "item", None)  # numpy / mlx scalars
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
 
 
 class FramingError(ProtocolError):

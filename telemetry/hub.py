@@ -19,10 +19,10 @@ from typing import Any
 from telemetry.arrowlog import ArrowLog, log_dir
 from telemetry.control import CommandQueue
 from telemetry.protocol import DEFAULT_EVENT_BACKLOG
-from telemetry.records import Event, Hello, Update
-from telemetry.server import ANY_PORT, Server
+from telemetry.records import EVENT_KINDS, Event, Hello, Update
+from telemetry.server import ANY_PORT, ConnectionLimits, Server
 
-__all__ = ["ANY_PORT", "Hub", "unix_socket_path"]
+__all__ = ["ANY_PORT", "ConnectionLimits", "Hub", "unix_socket_path"]
 
 
 def unix_socket_path(run_dir: str | Path, rank: int) -> Path:
@@ -37,6 +37,7 @@ class Hub:
     `address`), else that port. Only rank 0 with `commands` and `key` applies commands.
     `flush_interval`: records go out at most this often, batched (0 = each at once); a
     record after a quiet spell goes at once. Replies to commands never wait.
+    `limits`: how many connections, and their timeouts (protocol.py's defaults).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Hub:
         subscriber_buffer: int = 512,
         event_backlog: int = DEFAULT_EVENT_BACKLOG,
         flush_interval: float = 0.1,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self._hello = hello
@@ -79,6 +81,7 @@ class Hub:
                 subscriber_buffer=subscriber_buffer,
                 rank0_port=port - hello.rank if port and port > 0 else None,
                 flush_interval=flush_interval,
+                limits=limits,
             )
 
     def start(self) -> Hub:
@@ -113,7 +116,15 @@ class Hub:
         self._put(record)
 
     def on_event(self, event: Event) -> None:
-        """Hand over one event; never blocks and never raises."""
+        """Hand over one event; never blocks. ValueError for a kind not in EVENT_KINDS.
+
+        That one raises because it is a bug in the caller (kinds are literals in the code),
+        found by the first test that emits it, rather than a kind no console knows.
+        """
+        kind = getattr(event, "kind", None)
+        if kind not in EVENT_KINDS:
+            known = ", ".join(sorted(EVENT_KINDS))
+            raise ValueError(f"unknown event kind {kind!r}; a rank emits one of: {known}")
         self._put(event)
 
     def _put(self, record: Update | Event) -> None:

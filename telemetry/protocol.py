@@ -23,7 +23,16 @@ Framing
     - msgpack ext types are not used: any but the timestamp closes the connection; a
       timestamp (which msgpack decodes itself) fails validation like any other wrong value;
     - a partial message may not sit unfinished for more than ``PARTIAL_TIMEOUT_S`` (30 s);
-    - a rank serves at most ``MAX_CLIENTS`` (64) connections; more are closed at once.
+    - a connection that takes none of what it is sent for ``IDLE_TIMEOUT_S`` (60 s) is
+      closed: it does not read;
+    - a rank serves at most ``MAX_CLIENTS`` (64) connections, ``RESERVED_SLOTS`` (1) of them
+      kept for control. When the rest are taken, a newcomer makes room by evicting the
+      oldest idle reader that has not signed a command; failing that it takes a reserved
+      slot and must sign a command within ``COMMAND_TIMEOUT_S`` (10 s); with the reserve
+      taken too it evicts the oldest connection that has not signed. A connection that has
+      sent a command with a good mac is never evicted; only a rank whose every slot holds
+      one refuses a connection (closes it at once). Evicted and timed-out connections get
+      an error ``reply`` with ``id`` 0 first, where it can be sent without waiting.
 
     Anything undecodable, oversized, too deep, not a map, without a known ``type``, or a type
     the receiver does not accept closes that connection only (a server first sends an error
@@ -51,7 +60,9 @@ Server -> client (fields; ``?`` marks a field a newer peer may omit, which takes
                 lost only when this subscriber reads slower than the run produces: its own
                 buffer (512 records) keeps the newest. The run never waits for a subscriber.
     ``reply``   id (the command's id; 0 for a protocol error), ok (bool), result (map; when
-                applied, includes ``step``: the update boundary it took effect at), error (str).
+                applied, includes ``step``: the update boundary it took effect at), error (str,
+                at most ``ERROR_TEXT_MAX`` characters: a longer text is cut, saying so). A
+                result too large for the wire is replaced by {step?, truncated: why}.
 
 Client -> server
     ``command`` id (int, chosen by the client, echoed in the reply), cmd (one of
@@ -92,9 +103,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import msgpack
-
 from telemetry.errors import ProtocolError
+
+# The framing limits and `pack` live in the layer below; re-exported as part of the spec.
+from telemetry.framing import FEED_SLICE as FEED_SLICE
+from telemetry.framing import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
+from telemetry.framing import pack as pack
 from telemetry.records import (
     COMMANDS,
     MESSAGE_TYPES,
@@ -102,6 +116,7 @@ from telemetry.records import (
     Command,
     Event,
     Message,
+    Reply,
 )
 from telemetry.split import shape_problem
 
@@ -109,38 +124,20 @@ VERSION = PROTOCOL_VERSION
 DEFAULT_PORT_BASE = 47800
 DEFAULT_BACKLOG = 256  # update records sent as history to a new subscriber
 DEFAULT_EVENT_BACKLOG = 64  # event records sent as history after them
-MAX_MESSAGE_BYTES = 1 << 20
-FEED_SLICE = 64 << 10  # bytes fed to an Unpacker at a time; its buffer holds one message + this
 MAX_DEPTH = 32
 MAX_CLIENTS = 64
 MAX_INFLIGHT = 16  # commands of one connection waiting for the training loop
 NONCE_MEMORY = 65536  # accepted nonces remembered (16 B each: about 3 MiB at most)
 PARTIAL_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 60.0  # output untaken this long: the peer does not read
+RESERVED_SLOTS = 1  # of MAX_CLIENTS, kept for a connection that signs a command
+COMMAND_TIMEOUT_S = 10.0  # how long a connection in a reserved slot has to sign one
+ERROR_TEXT_MAX = 500  # characters of a reply's error text; the rest is cut
 NONCE_HEX = 32
 MAC_HEX = 64
 MAC_DOMAIN = "mlx-fleet control v1"
 
 _HEX = frozenset("0123456789abcdef")
-
-
-def port_for(port_base: int, rank: int) -> int:
-    """The TCP port rank `rank` serves on."""
-    return port_base + rank
-
-
-def pack(obj: Any) -> bytes:
-    """msgpack bytes of `obj`; values msgpack does not know (a Path, a numpy scalar) go as str."""
-    return msgpack.packb(obj, use_bin_type=True, default=_as_str)
-
-
-def _as_str(obj: Any) -> Any:
-    item = getattr(obj, "item", None)  # numpy / mlx scalars
-    if callable(item):
-        try:
-            return item()
-        except (TypeError, ValueError):
-            pass
-    return str(obj)
 
 
 def as_map(message: Message) -> dict[str, Any]:
@@ -168,6 +165,22 @@ def encode_event(event: Event) -> bytes:
     except ProtocolError as e:
         small = dataclasses.replace(event, message=event.message[:1000], data={"truncated": str(e)})
         return encode(small)
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """Like `encode`, but bounded: the error text is cut to ERROR_TEXT_MAX characters, and a
+    result too large for the wire is replaced, so every command gets its answer."""
+    error = reply.error
+    if len(error) > ERROR_TEXT_MAX:
+        error = f"{error[: ERROR_TEXT_MAX - 40]}... ({len(error)} characters, cut)"
+        reply = dataclasses.replace(reply, error=error)
+    try:
+        return encode(reply)
+    except ProtocolError as e:
+        result = {"truncated": str(e)}
+        if isinstance(reply.result.get("step"), int):
+            result["step"] = reply.result["step"]
+        return encode(dataclasses.replace(reply, result=result))
 
 
 def is_hex(value: Any, length: int) -> bool:

@@ -15,7 +15,7 @@ PROTOCOL_VERSION = 1
 # distributed.py). The one list: anything else is refused before it reaches the trainer.
 COMMANDS: dict[str, int] = {"pause": 1, "resume": 2, "checkpoint": 3, "rebalance": 4, "stop": 5}
 
-# Event kinds a rank may emit.
+# Event kinds a rank may emit (Hub.on_event refuses any other).
 EVENT_KINDS = frozenset(
     {
         "started",

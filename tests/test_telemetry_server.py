@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +26,8 @@ from telemetry.errors import (
     TelemetryError,
 )
 from telemetry.framing import Decoder
-from telemetry.hub import ANY_PORT, Hub
-from telemetry.records import Dropped, Event, Reply, Update
+from telemetry.hub import ANY_PORT, ConnectionLimits, Hub, unix_socket_path
+from telemetry.records import EVENT_KINDS, Dropped, Event, Reply, Update
 
 
 @pytest.fixture
@@ -208,6 +211,21 @@ def test_set_hello_reaches_new_connections(make_hub):
         hub.set_hello(no_such_field=1)
 
 
+def test_event_of_an_unknown_kind_is_refused_at_once(make_hub):
+    hub = make_hub()
+    with pytest.raises(ValueError, match="unknown event kind 'chekpoint'"):
+        hub.on_event(Event("chekpoint", 0, 1))
+    hub.on_event(Event("checkpoint", 0, 1, data={"path": "p", "verified": True}))
+
+
+def test_every_kind_the_trainer_emits_is_known():
+    trainer = Path(__file__).resolve().parents[1] / "trainer"
+    kinds = set()
+    for path in trainer.glob("*.py"):
+        kinds |= set(re.findall(r'\bEvent\(\s*"(\w+)"', path.read_text()))
+    assert kinds and kinds <= EVENT_KINDS, kinds - EVENT_KINDS
+
+
 def test_unix_socket(make_hub, tmp_path):
     hub = make_hub(port=None, unix_socket=True)
     assert hub.address is None and hub.unix_path.exists()
@@ -216,6 +234,27 @@ def test_unix_socket(make_hub, tmp_path):
     assert read_until(client, last_step(1))
     hub.close()
     assert not hub.unix_path.exists()
+
+
+def test_unix_socket_served_by_a_live_rank_is_left_alone(make_hub, tmp_path):
+    live = make_hub(port=None, unix_socket=True)
+    second = Hub(run_dir=tmp_path, hello=synthetic.hello(), port=None, unix_socket=True, log=False)
+    with pytest.raises(TelemetryError, match="served by a live process"):
+        second.start()
+    second.close()
+    assert live.unix_path.exists()  # the failed start removed nothing of the live one's
+    assert TelemetryClient.connect_unix(live.unix_path).hello.rank == 0
+
+
+def test_stale_unix_socket_is_replaced(tmp_path):
+    path = unix_socket_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening, then closed: what a killed rank leaves
+    dead.close()
+    hub = Hub(run_dir=tmp_path, hello=synthetic.hello(), port=None, unix_socket=True, log=False)
+    with hub:
+        assert TelemetryClient.connect_unix(hub.unix_path).hello.rank == 0
 
 
 def test_unix_socket_path_too_long_is_a_clear_error(tmp_path):
@@ -364,6 +403,28 @@ def test_refused_commands_never_reach_the_queue(control, tmp_path):
     assert queue.poll() is None
 
 
+def test_a_huge_split_gets_a_bounded_refusal(control, caplog):
+    hub, queue, key = control
+    client = connect(hub, key=key)
+    split = [1] * 400_000
+    cid = client.send_command("rebalance", {"split": split})
+    # A trainer that quotes the whole split in its refusal: about 1.2 MB of text.
+    resolve_next(queue, CommandResult(ok=False, error=f"cannot use split {split}"))
+    reply = read_until(client, lambda m: isinstance(m, Reply), timeout=30)[-1]
+    assert reply.id == cid and not reply.ok
+    assert reply.error.startswith("cannot use split [1, 1, ")
+    assert len(reply.error) <= protocol.ERROR_TEXT_MAX and "cut" in reply.error
+    # An applied command whose result is too large for the wire still gets its answer.
+    threading.Thread(
+        target=resolve_next,
+        args=(queue, CommandResult(ok=True, step=9, result={"log": "x" * (2 << 20)})),
+        daemon=True,
+    ).start()
+    big = client.command("checkpoint", timeout=30)
+    assert big.ok and big.result["step"] == 9 and "truncated" in big.result
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_replay_on_another_connection_fails(control):
     hub, queue, key = control
     first, second = RawPeer(hub), RawPeer(hub)
@@ -478,3 +539,129 @@ def test_cli_tail_unreachable(capsys):
     probe.close()  # nothing listens there now
     assert fleet_main(["telemetry", "tail", f"127.0.0.1:{port}", "--timeout", "2"]) == 1
     assert f"cannot reach telemetry at 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+# --- slots and timeouts -----------------------------------------------------------------------
+
+
+def wait_for(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def stalled_socket(hub: Hub) -> socket.socket:
+    """A connection that never reads, with a tiny receive buffer so the server notices soon."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(hub.address)
+    return sock
+
+
+def stall(hub: Hub) -> int:
+    """Publish large events until a connection stops taking its output; the last step sent."""
+    blob = "x" * 16_000
+    for step in range(1, 2001):
+        hub.on_event(Event("sample", 0, step, data={"text": blob}))
+        if step % 50 == 0:
+            time.sleep(0.02)
+            if hub.stats()["stalled_subscribers"]:
+                return step
+    raise AssertionError(f"no stall: {hub.stats()}")
+
+
+def eof(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """Whether the server closed `sock` (read what is left; a reset counts as closed)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_idle_connections_never_lock_out_a_signed_command(make_hub, tmp_path):
+    queue, key = CommandQueue(), auth.create_key(tmp_path)
+    hub = make_hub(commands=queue, key=key)  # the real limits: 64 slots, 1 reserved
+    idle = [socket.create_connection(hub.address) for _ in range(protocol.MAX_CLIENTS)]
+    wait_for(lambda: hub.stats()["subscribers"] == protocol.MAX_CLIENTS)
+    try:
+        client = connect(hub, key=key)  # the 65th: it used to be closed at once
+        threading.Thread(
+            target=resolve_next, args=(queue, CommandResult(ok=True, step=4)), daemon=True
+        ).start()
+        assert client.command("pause", timeout=10).ok
+        stats = hub.stats()
+        assert stats["evicted_clients"] == 1 and stats["refused_clients"] == 0
+        assert eof(idle[0])  # the oldest made room
+        assert not eof(idle[1], timeout=0.2)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_connection_that_never_reads_times_out(make_hub):
+    hub = make_hub(limits=ConnectionLimits(idle_timeout=0.5))
+    quiet = stalled_socket(hub)
+    stall(hub)
+    wait_for(lambda: hub.stats()["timed_out_clients"] == 1, timeout=5)
+    assert eof(quiet)
+    hub.on_update(synthetic.update(7))
+    assert read_until(connect(hub), last_step(7))  # serving the others as before
+    quiet.close()
+
+
+def test_the_oldest_idle_reader_is_evicted_first(make_hub):
+    limits = ConnectionLimits(max_clients=3, reserved=1, idle_timeout=30, command_timeout=0.5)
+    hub = make_hub(limits=limits)
+    reader = connect(hub)  # the oldest, but it reads
+    steps: list[int] = []
+
+    def read() -> None:
+        for msg in reader:
+            if isinstance(msg, Update | Event):
+                steps.append(msg.step)
+
+    threading.Thread(target=read, daemon=True).start()
+    quiet = stalled_socket(hub)
+    last = stall(hub)
+    wait_for(lambda: last in steps)  # the reader has caught up: only `quiet` is stalled
+    wait_for(lambda: hub.stats()["stalled_subscribers"] == 1)
+    newcomer = connect(hub)  # every reader slot is taken: the idle one makes room
+    assert hub.stats()["evicted_clients"] == 1 and eof(quiet)
+    time.sleep(1.0)  # past command_timeout: the newcomer took a reader slot, not a reserved one
+    hub.on_update(synthetic.update(5000))
+    assert read_until(newcomer, last_step(5000))
+    wait_for(lambda: 5000 in steps)
+    reader.close()
+    quiet.close()
+
+
+def test_a_reserved_slot_is_kept_for_a_signed_command(make_hub, tmp_path):
+    key = auth.create_key(tmp_path)
+    limits = ConnectionLimits(max_clients=2, reserved=1, idle_timeout=30, command_timeout=0.5)
+    hub = make_hub(commands=CommandQueue(), key=key, limits=limits)
+    reader = RawPeer(hub)
+    squatter = RawPeer(hub)  # the reserved slot, and it signs nothing
+    error = squatter.reply()
+    assert error.id == 0 and "no signed command came within 0.5 s" in error.error
+    assert squatter.closed()
+    wait_for(lambda: hub.stats()["subscribers"] == 1)
+
+    holder = RawPeer(hub)  # the reserved slot again: a key holder, who signs at once
+    # A good MAC makes it trusted, even for a command the run refuses (bad args).
+    assert "takes no argument" in holder.command("pause", {"now": 1}, key=key).error
+    time.sleep(1.0)  # past command_timeout: still there
+    assert "takes no argument" in holder.command("pause", {"now": 2}, key=key, cid=2).error
+
+    second = RawPeer(hub)  # full: the oldest that has not signed (the reader) makes room
+    assert reader.closed() and hub.stats()["evicted_clients"] == 1
+    second.command("pause", {"now": 3}, key=key)
+    refused = socket.create_connection(hub.address)  # every slot holds a key holder
+    assert refused.recv(100) == b"" and hub.stats()["refused_clients"] == 1
+    refused.close()
