@@ -24,6 +24,7 @@ EVENT_KINDS = frozenset(
         "resumed",
         "rebalanced",
         "stopped",
+        "restarted",
         "eval",
         "sample",
         "command",

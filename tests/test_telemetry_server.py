@@ -222,7 +222,7 @@ def test_every_kind_the_trainer_emits_is_known():
     trainer = Path(__file__).resolve().parents[1] / "trainer"
     kinds = set()
     for path in trainer.glob("*.py"):
-        kinds |= set(re.findall(r'\bEvent\(\s*"(\w+)"', path.read_text()))
+        kinds |= set(re.findall(r'(?:\bEvent|\.event)\(\s*"(\w+)"', path.read_text()))
     assert kinds and kinds <= EVENT_KINDS, kinds - EVENT_KINDS
 
 
