@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from console.hostfile import RankTarget
-from console.links import LinkStatus
+from console.model import LinkStatus
 from telemetry.records import Message
 
 INBOX_LIMIT = 100_000  # items; beyond this the UI is hopelessly behind and the oldest go
@@ -17,7 +17,7 @@ INBOX_LIMIT = 100_000  # items; beyond this the UI is hopelessly behind and the 
 class Inbox:
     """Thread-safe queue of link reports; `notify` fires only when it goes from empty to not.
 
-    Link threads call `link_state` / `link_message`; the UI thread calls `drain`. However many
+    Link threads call `link_status` / `link_message`; the UI thread calls `drain`. However many
     records arrive between two drains, the UI is woken once.
     """
 
@@ -38,7 +38,7 @@ class Inbox:
         if wake and self.notify is not None:
             self.notify()
 
-    def link_state(self, status: LinkStatus) -> None:
+    def link_status(self, status: LinkStatus) -> None:
         self._put(status.rank, status)
 
     def link_message(self, rank: int, message: Message) -> None:

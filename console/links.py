@@ -1,17 +1,11 @@
 """One link per rank: connect, read its records, notice silence, reconnect with backoff.
 
 A `RankLink.run` loop is blocking I/O; the app runs each in a thread worker and `--once` in a
-plain thread. The loop reports through a `LinkSink` only (its state changes and every message
+plain thread. The loop reports through a `LinkSink` only (its phase changes and every message
 it reads), so the UI thread never touches a socket. A lost console never disturbs the run: a
 subscriber only reads, and the rank never waits for it.
 
-States::
-
-    connecting -> live <-> stale         (stale: connected, but no record for `stale_after`)
-         ^          |
-         +-- lost <-+                    (lost: dropped; retried with backoff)
-    refused                               (auth, host key, nothing listening: with the reason;
-                                           retried only when retrying can help)
+Its phases (`console.model.LinkPhase`) are drawn in `console.model`'s docstring.
 """
 
 from __future__ import annotations
@@ -22,12 +16,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 from console.hostfile import RankTarget
+from console.model import UP, LinkPhase, LinkSink, LinkStatus
 from telemetry.backoff import Backoff
 from telemetry.errors import AuthError, ConnectionLost, TelemetryError
 from telemetry.records import Hello, Message, run_id_of
@@ -38,25 +31,8 @@ CONNECT_TIMEOUT = 10.0
 RECV_TIMEOUT = 0.5  # how often a quiet link checks for stop and staleness
 STALE_AFTER = 10.0
 
-
-class LinkState(StrEnum):
-    CONNECTING = "connecting"
-    LIVE = "live"
-    STALE = "stale"
-    LOST = "lost"
-    REFUSED = "refused"
-
-
-@dataclass(slots=True)
-class LinkStatus:
-    """A link's state as the UI shows it."""
-
-    rank: int
-    state: LinkState
-    detail: str = ""  # why: the error, or where it is connecting
-    kind: str = ""  # short reason for a narrow column: "auth failed", "host key changed", ...
-    retry_at: float | None = None  # wall time of the next attempt, when one is planned
-    time: float = 0.0
+# console/bench.py (leaving the package on another branch) still imports the old name here.
+LinkState = LinkPhase
 
 
 class LinkRefused(Exception):
@@ -66,14 +42,6 @@ class LinkRefused(Exception):
         super().__init__(message)
         self.kind = kind
         self.retry = retry
-
-
-class LinkSink(Protocol):
-    """Where links report; called from link threads."""
-
-    def link_state(self, status: LinkStatus) -> None: ...
-
-    def link_message(self, rank: int, message: Message) -> None: ...
 
 
 class Connector(Protocol):
@@ -191,7 +159,7 @@ class RankLink:
         self.client_factory = client_factory
         self.clock = clock
         self.key: bytes | None = None
-        self.state = LinkState.CONNECTING
+        self.phase = LinkPhase.CONNECTING
         self.hello: Hello | None = None
         self._client: Any = None
         self._send_lock = threading.Lock()
@@ -203,12 +171,12 @@ class RankLink:
         return self.target.rank
 
     def _set(
-        self, state: LinkState, detail: str = "", kind: str = "", retry_in: float | None = None
+        self, phase: LinkPhase, detail: str = "", kind: str = "", retry_in: float | None = None
     ) -> None:
-        self.state = state
+        self.phase = phase
         now = self.clock()
         retry_at = None if retry_in is None else now + retry_in
-        self.sink.link_state(LinkStatus(self.rank, state, detail, kind, retry_at, now))
+        self.sink.link_status(LinkStatus(self.rank, phase, detail, kind, retry_at, now))
 
     def stopped(self) -> bool:
         return self._stop.is_set()
@@ -242,20 +210,20 @@ class RankLink:
                 while not done() and (left := deadline - time.monotonic()) > 0:
                     if self._wake.wait(min(left, 1.0)):
                         break
-        self._set(LinkState.LOST, "console closed")
+        self._set(LinkPhase.LOST, "console closed")
 
     def _session(self, done: Callable[[], bool]) -> float | None:
         """Connect and read until the link drops; return the delay before retrying (None: never)."""
-        self._set(LinkState.CONNECTING, self.connector.describe(self.target))
+        self._set(LinkPhase.CONNECTING, self.connector.describe(self.target))
         try:
             sock = self.connector.open(self.target, self.connect_timeout)
         except LinkRefused as e:
             delay = self.backoff.next() if e.retry else None
-            self._set(LinkState.REFUSED, str(e), e.kind, delay)
+            self._set(LinkPhase.REFUSED, str(e), e.kind, delay)
             return delay
         except (OSError, TelemetryError) as e:
             delay = self.backoff.next()
-            self._set(LinkState.LOST, _why(e), "unreachable", delay)
+            self._set(LinkPhase.LOST, _why(e), "unreachable", delay)
             return delay
         try:
             client = self.client_factory(
@@ -264,14 +232,14 @@ class RankLink:
         except (OSError, TelemetryError, EOFError) as e:
             _close(sock)
             delay = self.backoff.next()
-            self._set(LinkState.LOST, f"no hello: {_why(e)}", "no hello", delay)
+            self._set(LinkPhase.LOST, f"no hello: {_why(e)}", "no hello", delay)
             return delay
         hello = client.hello
         if hello.rank != self.rank:
             _close(client)
             delay = self.backoff.next()
             self._set(
-                LinkState.REFUSED,
+                LinkPhase.REFUSED,
                 f"{self.connector.describe(self.target)} serves rank {hello.rank} of run "
                 f"{hello.run_id}, not rank {self.rank}: check --port-base and the hostfile order",
                 "wrong rank",
@@ -284,18 +252,18 @@ class RankLink:
             _close(client)
             return 0.0
         self.sink.link_message(self.rank, hello)
-        self._set(LinkState.LIVE, self.connector.describe(self.target))
+        self._set(LinkPhase.LIVE, self.connector.describe(self.target))
         last = time.monotonic()
         try:
             while not done():
                 msg = client.recv(timeout=self.recv_timeout)
                 now = time.monotonic()
                 if msg is None:
-                    if self.state is LinkState.LIVE and now - last > self.stale_after:
-                        self._set(LinkState.STALE, f"no record for {self.stale_after:.0f} s")
+                    if self.phase is LinkPhase.LIVE and now - last > self.stale_after:
+                        self._set(LinkPhase.STALE, f"no record for {self.stale_after:.0f} s")
                     continue
-                if self.state is not LinkState.LIVE:
-                    self._set(LinkState.LIVE, self.connector.describe(self.target))
+                if self.phase is not LinkPhase.LIVE:
+                    self._set(LinkPhase.LIVE, self.connector.describe(self.target))
                     self.backoff.reset()
                 last = now
                 self.sink.link_message(self.rank, msg)
@@ -303,7 +271,7 @@ class RankLink:
             if done():
                 return 0.0
             delay = self.backoff.next()
-            self._set(LinkState.LOST, _why(e), "lost", delay)
+            self._set(LinkPhase.LOST, _why(e), "lost", delay)
             return delay
         finally:
             self._client = None
@@ -313,8 +281,8 @@ class RankLink:
     def send_command(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a signed command on this link; returns its id (the reply comes through the sink)."""
         client = self._client
-        if client is None or self.state not in (LinkState.LIVE, LinkState.STALE):
-            raise ConnectionLost(f"rank {self.rank} link is {self.state.value}")
+        if client is None or self.phase not in UP:
+            raise ConnectionLost(f"rank {self.rank} link is {self.phase.value}")
         with self._send_lock:
             if self.key is not None:
                 client.key = self.key  # the key may have been fetched after this link connected
@@ -359,9 +327,9 @@ class LiveFeed:
         self.wrong_run = ""  # set when rank 0 turns out to serve another run than --run-dir
 
     # LinkSink: links report here, the feed forwards to whoever attached.
-    def link_state(self, status: LinkStatus) -> None:
+    def link_status(self, status: LinkStatus) -> None:
         if self.sink is not None:
-            self.sink.link_state(status)
+            self.sink.link_status(status)
 
     def link_message(self, rank: int, message: Message) -> None:
         if rank == 0 and isinstance(message, Hello):

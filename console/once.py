@@ -18,8 +18,8 @@ from rich.text import Text
 
 from console import fmt, render
 from console.feed import Inbox
-from console.links import LinkState, LinkStatus
-from console.state import FleetState
+from console.model import LinkPhase
+from console.state import FleetState, RankView
 
 SETTLE_S = 2.0  # after every rank said hello, how long to wait for their first update
 
@@ -39,9 +39,9 @@ def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
             woke.clear()
             state.absorb(inbox.drain())
             now = time.monotonic()
-            if all(v.last is not None or _refused_for_good(v.link) for v in state.ranks):
+            if all(v.last is not None or _refused_for_good(v) for v in state.ranks):
                 break
-            if all(v.hello is not None or _refused_for_good(v.link) for v in state.ranks):
+            if all(v.hello is not None or _refused_for_good(v) for v in state.ranks):
                 all_hello_at = all_hello_at or now
                 if now - all_hello_at > SETTLE_S:
                     break
@@ -53,8 +53,8 @@ def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
     return state
 
 
-def _refused_for_good(status: LinkStatus | None) -> bool:
-    return status is not None and status.state is LinkState.REFUSED and status.retry_at is None
+def _refused_for_good(view: RankView) -> bool:
+    return view.link is not None and view.link.refused_for_good
 
 
 def unreachable(state: FleetState) -> list[str]:
@@ -109,7 +109,7 @@ def table(state: FleetState) -> Table:
     for v in state.ranks:
         u = v.last
         link = render.link_text(v.link, state.clock())
-        if v.hello is not None and v.state is LinkState.LOST:
+        if v.hello is not None and v.phase is LinkPhase.LOST:
             link = Text("● reached", "green")  # the snapshot is taken; the link was closed by us
         t.add_row(
             Text(

@@ -12,7 +12,7 @@ from typing import Any
 
 from console.feed import Inbox
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkStatus
 from telemetry import arrowlog
 from telemetry.errors import TelemetryError
 from telemetry.records import Event, Hello, Message, Update
@@ -106,7 +106,7 @@ class ReplayFeed:
     def start(self) -> None:
         assert self.sink is not None
         for h in self.hellos:
-            self.sink.link_state(LinkStatus(h.rank, LinkState.LIVE, "replay"))
+            self.sink.link_status(LinkStatus(h.rank, LinkPhase.LIVE, "replay"))
             self.sink.link_message(h.rank, h)
 
     def _deliver(self, upto: int) -> None:

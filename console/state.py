@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import UP, LinkPhase, LinkStatus
 from telemetry import balance
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
 
@@ -135,8 +135,8 @@ class RankView:
         return None
 
     @property
-    def state(self) -> LinkState:
-        return self.link.state if self.link else LinkState.CONNECTING
+    def phase(self) -> LinkPhase:
+        return self.link.phase if self.link else LinkPhase.CONNECTING
 
     def recent(self, n: int = SMOOTH) -> list[Update]:
         return list(self.updates)[-n:]
@@ -228,17 +228,17 @@ class FleetState:
         view.link = status
         view.version += 1
         self.version += 1
-        if old is not None and old.state == status.state and old.detail == status.detail:
+        if old is not None and old.phase == status.phase and old.detail == status.detail:
             return
-        if status.state is LinkState.REFUSED:
+        if status.phase is LinkPhase.REFUSED:
             self.log(f"rank {status.rank} refused: {status.detail}", "error", rank=status.rank)
         elif (
-            status.state is LinkState.LOST
+            status.phase is LinkPhase.LOST
             and old is not None
-            and old.state
+            and old.phase
             in (
-                LinkState.LIVE,
-                LinkState.STALE,
+                LinkPhase.LIVE,
+                LinkPhase.STALE,
             )
         ):
             self.log(f"rank {status.rank} link lost: {status.detail}", "warning", rank=status.rank)
@@ -253,12 +253,12 @@ class FleetState:
                 self.pending.clear()
                 self._early.clear()
         elif (
-            status.state is LinkState.LIVE
+            status.phase is LinkPhase.LIVE
             and old is not None
-            and old.state
+            and old.phase
             in (
-                LinkState.LOST,
-                LinkState.REFUSED,
+                LinkPhase.LOST,
+                LinkPhase.REFUSED,
             )
         ):
             self.log(f"rank {status.rank} link back", "good", rank=status.rank)
@@ -397,7 +397,7 @@ class FleetState:
     # --- derived figures ---------------------------------------------------------------------
 
     def live_count(self) -> int:
-        return sum(1 for v in self.ranks if v.state in (LinkState.LIVE, LinkState.STALE))
+        return sum(1 for v in self.ranks if v.phase in UP)
 
     def step(self) -> int:
         return max((v.last.step for v in self.ranks if v.last), default=0)
@@ -415,7 +415,7 @@ class FleetState:
         means = {}
         for v in self.ranks:
             recent = v.recent(SMOOTH)
-            if recent and v.state in (LinkState.LIVE, LinkState.STALE):
+            if recent and v.phase in UP:
                 means[v.rank] = statistics.fmean(u.compute_s for u in recent)
         if len(means) < 2:
             return None
@@ -509,7 +509,7 @@ class FleetState:
                     "rank": v.rank,
                     "host": v.host,
                     "port": v.target.port,
-                    "link": v.state.value,
+                    "link": v.phase.value,
                     "link_detail": v.link.detail if v.link else "",
                     "local_batch": v.local_batch,
                     "memory_total": v.memory_total,

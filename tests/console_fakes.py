@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkStatus
 from telemetry.records import Event, Hello, Message, Reply, Update
 
 GiB = 2**30
@@ -138,16 +138,16 @@ class FakeFeed:
 
     def live(self) -> None:
         for t in self.targets:
-            self.sink.link_state(LinkStatus(t.rank, LinkState.LIVE, "fake", time=T0))
+            self.sink.link_status(LinkStatus(t.rank, LinkPhase.LIVE, "fake", time=T0))
 
     def push(self, items: list[tuple[int, Message]]) -> None:
         for rank, msg in items:
             self.sink.link_message(rank, msg)
 
-    def state(
-        self, rank: int, state: LinkState, detail: str = "", kind: str = "", retry_at=None
+    def link(
+        self, rank: int, phase: LinkPhase, detail: str = "", kind: str = "", retry_at=None
     ) -> None:
-        self.sink.link_state(LinkStatus(rank, state, detail, kind, retry_at, T0))
+        self.sink.link_status(LinkStatus(rank, phase, detail, kind, retry_at, T0))
 
     def send(self, cmd: str, args: dict | None = None) -> int:
         self._ids += 1

@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.links import LinkState
+from console.model import LinkPhase
 from console.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -251,8 +251,8 @@ async def test_lost_and_refused_ranks_show_why(feed):
     app = FleetApp(feed, clock=lambda: T0 + 100)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, feed)
-        feed.state(2, LinkState.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
-        feed.state(1, LinkState.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
+        feed.link(2, LinkPhase.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
+        feed.link(1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
         await until(pilot, lambda: app.state.live_count() == 2)
         await pilot.pause(0.2)
         assert app.query_one(RunHeader).info.live == 2

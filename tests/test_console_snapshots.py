@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.links import LinkState
+from console.model import LinkPhase
 from tests.console_fakes import T0, FakeFeed, straggler_fleet
 
 
@@ -85,9 +85,9 @@ def test_lost_and_refused_ranks(snap_compare):
 
     async def run_before(pilot):
         await fill(pilot)
-        feed.state(2, LinkState.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
-        feed.state(
-            1, LinkState.REFUSED, "mini-1: HOST KEY CHANGED; see known_hosts", "host key changed"
+        feed.link(2, LinkPhase.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
+        feed.link(
+            1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED; see known_hosts", "host key changed"
         )
         while app.state.live_count() != 2:
             await pilot.pause(0.02)

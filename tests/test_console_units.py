@@ -20,7 +20,8 @@ from console.hostfile import (
     parse_hostfile,
     rank_targets,
 )
-from console.links import LinkRefused, LinkState, LinkStatus, RankLink
+from console.links import LinkRefused, RankLink
+from console.model import LinkPhase, LinkStatus
 from console.state import FleetState, Series
 from telemetry.errors import ConnectionLost
 from telemetry.records import Dropped, Event, Reply
@@ -125,11 +126,11 @@ def test_braille_plot_draws_a_connected_line_and_marks():
 
 
 def test_link_text_states():
-    assert "idle" in render.link_text(LinkStatus(0, LinkState.STALE), 0, paused=True).plain
-    assert "stale" in render.link_text(LinkStatus(0, LinkState.STALE), 0).plain
-    lost = LinkStatus(0, LinkState.LOST, "eof", retry_at=103.0)
+    assert "idle" in render.link_text(LinkStatus(0, LinkPhase.STALE), 0, paused=True).plain
+    assert "stale" in render.link_text(LinkStatus(0, LinkPhase.STALE), 0).plain
+    lost = LinkStatus(0, LinkPhase.LOST, "eof", retry_at=103.0)
     assert render.link_text(lost, 100.0).plain == "○ lost 3s"
-    refused = LinkStatus(0, LinkState.REFUSED, "…", kind="host key changed")
+    refused = LinkStatus(0, LinkPhase.REFUSED, "…", kind="host key changed")
     assert render.link_text(refused, 0).plain == "✗ KEY CHANGED"
 
 
@@ -139,7 +140,7 @@ def test_link_text_states():
 def fed_state(**kw) -> FleetState:
     state = FleetState(local_targets(4), clock=lambda: T0)
     for r in range(4):
-        state.set_link(LinkStatus(r, LinkState.LIVE))
+        state.set_link(LinkStatus(r, LinkPhase.LIVE))
     for rank, msg in straggler_fleet(**kw):
         state.apply(rank, msg)
     return state
@@ -214,11 +215,11 @@ def test_state_replies_name_the_command_and_outcome():
 
 def test_state_link_changes_are_logged_once():
     state = fed_state()
-    lost = LinkStatus(1, LinkState.LOST, "connection reset", retry_at=T0 + 1)
+    lost = LinkStatus(1, LinkPhase.LOST, "connection reset", retry_at=T0 + 1)
     state.set_link(lost)
     state.set_link(lost)
     assert sum("link lost" in ln.text for ln in state.log_lines) == 1
-    state.set_link(LinkStatus(1, LinkState.LIVE))
+    state.set_link(LinkStatus(1, LinkPhase.LIVE))
     assert "rank 1 link back" in state.log_lines[-1].text
     assert state.live_count() == 4
 
@@ -264,18 +265,18 @@ def test_inbox_notifies_once_per_batch():
         inbox.link_message(0, update(0, i + 1))
     assert calls == [1]
     assert len(inbox.drain()) == 100
-    inbox.link_state(LinkStatus(0, LinkState.LIVE))
+    inbox.link_status(LinkStatus(0, LinkPhase.LIVE))
     assert calls == [1, 1]
 
 
 class Recorder:
     def __init__(self):
-        self.states: list[LinkStatus] = []
+        self.statuses: list[LinkStatus] = []
         self.messages = []
         self.changed = threading.Event()
 
-    def link_state(self, s):
-        self.states.append(s)
+    def link_status(self, s):
+        self.statuses.append(s)
         self.changed.set()
 
     def link_message(self, rank, m):
@@ -374,22 +375,22 @@ def test_link_goes_live_then_lost_then_reconnects():
     )
     link.stop()
     t.join(2)
-    states = [s.state for s in sink.states]
-    assert states[:2] == [LinkState.CONNECTING, LinkState.REFUSED]
-    assert LinkState.LIVE in states and LinkState.LOST in states
-    lost = next(s for s in sink.states if s.state is LinkState.LOST)
+    phases = [s.phase for s in sink.statuses]
+    assert phases[:2] == [LinkPhase.CONNECTING, LinkPhase.REFUSED]
+    assert LinkPhase.LIVE in phases and LinkPhase.LOST in phases
+    lost = next(s for s in sink.statuses if s.phase is LinkPhase.LOST)
     assert "eof" in lost.detail and lost.retry_at is not None
-    assert states.index(LinkState.LOST) < len(states) - 1
+    assert phases.index(LinkPhase.LOST) < len(phases) - 1
 
 
 def test_link_refused_for_good_waits_without_retrying():
     sink = Recorder()
     link = make_link([LinkRefused("key changed", "host key changed", retry=False)], sink)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.state is LinkState.REFUSED for s in sink.states))
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.REFUSED for s in sink.statuses))
     time.sleep(0.1)
     assert link.connector.opens == 1
-    refused = next(s for s in sink.states if s.state is LinkState.REFUSED)
+    refused = next(s for s in sink.statuses if s.phase is LinkPhase.REFUSED)
     assert refused.retry_at is None and refused.kind == "host key changed"
     link.stop()
     t.join(2)
@@ -401,7 +402,7 @@ def test_link_marks_stale_and_back_live():
     session = [hello(0, world=1), update(0, 1)]
     link = make_link([session], sink, stale_after=0.05)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.state is LinkState.STALE for s in sink.states))
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.STALE for s in sink.statuses))
     link.stop()
     t.join(2)
 
@@ -410,7 +411,7 @@ def test_link_refuses_a_port_serving_another_rank():
     sink = Recorder()
     link = make_link([[hello(3, world=4)]], sink)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.kind == "wrong rank" for s in sink.states))
+    assert sink.wait_for(lambda: any(s.kind == "wrong rank" for s in sink.statuses))
     link.stop()
     t.join(2)
     assert not any(isinstance(m, type(hello(0))) for _, m in sink.messages)
@@ -423,7 +424,7 @@ def test_link_send_command_needs_a_live_link():
         link.send_command("pause")
     link.key = b"k" * 32
     t = run_link(link)
-    assert sink.wait_for(lambda: link.state is LinkState.LIVE)
+    assert sink.wait_for(lambda: link.phase is LinkPhase.LIVE)
     assert link.send_command("pause") == 7
     link.stop()
     t.join(2)

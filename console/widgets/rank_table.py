@@ -19,8 +19,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console import fmt, render
-from console.links import LinkState
 from console.messages import RankSelected
+from console.model import UP
 from console.state import FleetState, RankView
 
 
@@ -112,7 +112,7 @@ def row_text(
         waits = [x.wait_s for x in view.recent(cols.history)]
         t.append(render.spark(waits, cols.history, 0.0, wait_hi), render.STYLE_WAIT)
         t.append(" ")
-    if view.state not in (LinkState.LIVE, LinkState.STALE):
+    if view.phase not in UP:
         t.stylize("dim", 5)  # figures from before the link went: shown, but as old news
     t.append_text(render.link_text(view.link, now, paused))
     return t
