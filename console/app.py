@@ -1,7 +1,7 @@
 """The operator console: a Textual app over a feed of rank telemetry (live links or a replay).
 
 Link threads only fill an inbox and post one coalescing `FeedReady`; the UI thread drains it
-into `FleetState` and redraws at most `fps` times a second, so a burst never queues frames.
+into the `Fleet` and redraws at most `fps` times a second, so a burst never queues frames.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer
 
+from console import snapshot
 from console.feed import Feed, Inbox
+from console.fleet import Fleet
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
 from console.screens import (
     ConfirmScreen,
@@ -27,7 +29,6 @@ from console.screens import (
     RankDetailScreen,
     RebalanceScreen,
 )
-from console.state import FleetState
 from console.widgets import EventLog, LossChart, RankTable, RunHeader
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
@@ -71,7 +72,7 @@ class FleetApp(App[int]):
         self.demo = demo
         self.fps = fps
         self.clock = clock
-        self.state = FleetState(feed.targets, clock=clock)
+        self.fleet = Fleet(feed.targets, clock=clock)
         self.inbox = Inbox(notify=lambda: self.post_message(FeedReady()))
         self._dirty = True
         self._last_chart = -1
@@ -105,7 +106,7 @@ class FleetApp(App[int]):
             badges.append("READ-ONLY")
         header.badges = tuple(badges)
         if (problem := self.feed.control_problem) and not self.feed.replay:
-            self.state.log(problem, "warning")
+            self.fleet.log(problem, "warning")
         self.feed.attach(self.inbox)
         links = getattr(self.feed, "links", [])
         if links:
@@ -137,7 +138,7 @@ class FleetApp(App[int]):
     # --- data in -----------------------------------------------------------------------------
 
     def on_feed_ready(self, _: FeedReady) -> None:
-        self.state.absorb(self.inbox.drain())
+        self.fleet.absorb(self.inbox.drain())
         self._dirty = True
 
     def _replay_tick(self) -> None:
@@ -152,16 +153,16 @@ class FleetApp(App[int]):
         self._last_now = now
         self._dirty = False
         self.frames += 1
-        self.header.info = self.state.header()
-        self.table.show(self.state, now)
-        version = self.state.loss.version + self.state.evals.version * 1_000_003
+        self.header.info = snapshot.header(self.fleet)
+        self.table.show(self.fleet, now)
+        version = self.fleet.loss.version + self.fleet.evals.version * 1_000_003
         if version != self._last_chart:
             self._last_chart = version
-            self.chart.set_series(self.state.loss.all(), self.state.evals.all())
-        self.log_view.add(list(self.state.log_lines))
+            self.chart.set_series(self.fleet.loss.all(), self.fleet.evals.all())
+        self.log_view.add(list(self.fleet.log_lines))
         top = self.screen_stack[-1] if self.screen_stack else None
         if isinstance(top, RankDetailScreen):
-            top.show(self.state, now)
+            top.show(self.fleet, now)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -170,7 +171,7 @@ class FleetApp(App[int]):
         problem = "" if not self.read_only else "this console is read-only"
         problem = problem or self.feed.control_problem
         if problem:
-            self.state.log(f"✗ {what}: not sent: {problem}", "error")
+            self.fleet.log(f"✗ {what}: not sent: {problem}", "error")
             self.notify(problem, title=f"{what} not sent", severity="warning")
             self._frame(force=True)
             return True
@@ -184,7 +185,7 @@ class FleetApp(App[int]):
             if yes:
                 self.send_command(cmd, args or {})
             else:
-                self.state.log(f"{cmd}: cancelled", "info")
+                self.fleet.log(f"{cmd}: cancelled", "info")
                 self._dirty = True
 
         self.push_screen(ConfirmScreen(title, body, yes=cmd.capitalize()), answered)
@@ -200,14 +201,14 @@ class FleetApp(App[int]):
             self.post_message(CommandSent(id, cmd, args))
 
     def on_command_sent(self, msg: CommandSent) -> None:
-        self.state.command_sent(msg.id, msg.cmd, msg.args)
+        self.fleet.command_sent(msg.id, msg.cmd, msg.args)
         self._frame(force=True)
         if msg.cmd == self._exit_after_send:
             self.exit(0)
 
     def on_command_failed(self, msg: CommandFailed) -> None:
         self._exit_after_send = None  # stay: the operator must see that the stop did not go
-        self.state.log(f"✗ {msg.cmd}: not sent: {msg.error}", "error")
+        self.fleet.log(f"✗ {msg.cmd}: not sent: {msg.error}", "error")
         self.notify(msg.error, title=f"{msg.cmd} not sent", severity="error")
         self._frame(force=True)
 
@@ -219,7 +220,7 @@ class FleetApp(App[int]):
         )
 
     def action_pause(self) -> None:
-        if self.state.paused:
+        if self.fleet.paused:
             self._confirm_then_send(
                 "resume", "Resume the run?", "Training continues from where it paused."
             )
@@ -241,28 +242,28 @@ class FleetApp(App[int]):
     def action_rebalance(self) -> None:
         if self._refuse("rebalance"):
             return
-        split = self.state.current_split()
+        split = self.fleet.current_split()
         if any(b is None for b in split):
-            self.state.log("rebalance: not every rank has reported its batch yet", "warning")
+            self.fleet.log("rebalance: not every rank has reported its batch yet", "warning")
             self._frame(force=True)
             return
-        proposal, models, why = self.state.proposal(HEADROOM)
-        hosts = [v.host for v in self.state.ranks]
+        prop, models, why = snapshot.proposal(self.fleet, HEADROOM)
+        hosts = [v.host for v in self.fleet.ranks]
 
         def chosen(new: list[int] | None) -> None:
             if new is None:
-                self.state.log("rebalance: cancelled", "info")
+                self.fleet.log("rebalance: cancelled", "info")
                 self._dirty = True
             else:
                 self.send_command("rebalance", {"split": new})
 
         self.push_screen(
-            RebalanceScreen(split, proposal, models, why, hosts, HEADROOM),  # type: ignore[arg-type]
+            RebalanceScreen(split, prop, models, why, hosts, HEADROOM),  # type: ignore[arg-type]
             chosen,
         )
 
     def action_quit_console(self) -> None:
-        if not self.demo or self.state.stopped:
+        if not self.demo or self.fleet.stopped:
             self.exit(0)
             return
 
@@ -282,7 +283,7 @@ class FleetApp(App[int]):
 
     def on_rank_selected(self, msg: RankSelected) -> None:
         screen = RankDetailScreen(msg.rank)
-        screen.show(self.state, self.clock())
+        screen.show(self.fleet, self.clock())
         self.push_screen(screen)
 
     # --- replay ------------------------------------------------------------------------------

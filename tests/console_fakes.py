@@ -17,7 +17,7 @@ HOSTS = ["studio", "mini-1", "mini-2", "air"]
 
 def log_text(app) -> str:
     """The console's event log as plain text."""
-    return "\n".join(line.text for line in app.state.log_lines)
+    return "\n".join(line.text for line in app.fleet.log_lines)
 
 
 async def until(pilot, pred, timeout: float = 30.0) -> None:

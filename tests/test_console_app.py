@@ -38,7 +38,7 @@ def aio(fn):
 async def started(pilot, feed: FakeFeed, **kw) -> None:
     feed.live()
     feed.push(straggler_fleet(**kw))
-    await until(pilot, lambda: pilot.app.state.step() == 20)
+    await until(pilot, lambda: pilot.app.fleet.step() == 20)
     await pilot.pause(0.2)
 
 
@@ -56,7 +56,7 @@ async def test_panes_show_the_fleet(feed):
         assert header.info.step == 20 and header.info.live == 4
         assert header.info.straggler == 3
         table = app.query_one(RankTable)
-        assert table.state is app.state and table.virtual_size.height == 5
+        assert table.fleet is app.fleet and table.virtual_size.height == 5
         assert "rank 3" in header.render().plain
         assert app.query_one(EventLog).last_seq >= 1
         # More data moves the figures without any key press.
@@ -114,7 +114,7 @@ async def test_pause_key_resumes_a_paused_run(feed):
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, feed)
         feed.push([(0, Event("paused", 0, 20, time=T0 + 50))])
-        await until(pilot, lambda: app.state.paused)
+        await until(pilot, lambda: app.fleet.paused)
         await pilot.press("p", "y")
         await until(pilot, lambda: feed.sent == [("resume", {})])
 
@@ -253,7 +253,7 @@ async def test_lost_and_refused_ranks_show_why(feed):
         await started(pilot, feed)
         feed.link(2, LinkPhase.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
         feed.link(1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
-        await until(pilot, lambda: app.state.live_count() == 2)
+        await until(pilot, lambda: app.fleet.live_count() == 2)
         await pilot.pause(0.2)
         assert app.query_one(RunHeader).info.live == 2
         text = log_text(app)
@@ -299,11 +299,11 @@ async def test_replay_app_steps_and_blocks_commands(tmp_path):
         step = None
         for _ in range(30):  # a record already in flight may still land: wait until still
             await pilot.pause(0.1)
-            if app.state.step() == step:
+            if app.fleet.step() == step:
                 break
-            step = app.state.step()
+            step = app.fleet.step()
         await pilot.press("n")
-        await until(pilot, lambda: app.state.step() == step + 1)
+        await until(pilot, lambda: app.fleet.step() == step + 1)
         await pilot.press("plus")
         assert feed.speed == 2.0
         await pilot.press("c", "p", "s")

@@ -32,7 +32,7 @@ def fleet_app(**kw):
     async def fill(pilot):
         feed.live()
         feed.push(straggler_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 3), **kw))
-        while app.state.step() < 20:
+        while app.fleet.step() < 20:
             await pilot.pause(0.02)
         await pilot.pause(0.1)
 
@@ -89,7 +89,7 @@ def test_lost_and_refused_ranks(snap_compare):
         feed.link(
             1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED; see known_hosts", "host key changed"
         )
-        while app.state.live_count() != 2:
+        while app.fleet.live_count() != 2:
             await pilot.pause(0.02)
         await settle(app)(pilot)
 

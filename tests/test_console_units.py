@@ -1,4 +1,4 @@
-"""Console pieces without a terminal: hostfile, state, bars, links, inbox, replay, demo commands."""
+"""Console pieces without a terminal: hostfile, fleet, bars, links, inbox, replay, demo commands."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from console import demo, fmt, render
 from console.feed import Inbox
+from console.fleet import Fleet
 from console.hostfile import (
     HostfileError,
     load_hostfile,
@@ -22,7 +23,8 @@ from console.hostfile import (
 )
 from console.links import LinkRefused, RankLink
 from console.model import LinkPhase, LinkStatus
-from console.state import FleetState, Series
+from console.series import Series
+from console.snapshot import header, proposal, snapshot, straggler
 from telemetry.errors import ConnectionLost
 from telemetry.records import Dropped, Event, Reply
 from tests.console_fakes import T0, GiB, hello, straggler_fleet, update
@@ -134,99 +136,99 @@ def test_link_text_states():
     assert render.link_text(refused, 0).plain == "✗ KEY CHANGED"
 
 
-# --- state -------------------------------------------------------------------------------------
+# --- fleet -------------------------------------------------------------------------------------
 
 
-def fed_state(**kw) -> FleetState:
-    state = FleetState(local_targets(4), clock=lambda: T0)
+def fed_fleet(**kw) -> Fleet:
+    fleet = Fleet(local_targets(4), clock=lambda: T0)
     for r in range(4):
-        state.set_link(LinkStatus(r, LinkPhase.LIVE))
+        fleet.set_link(LinkStatus(r, LinkPhase.LIVE))
     for rank, msg in straggler_fleet(**kw):
-        state.apply(rank, msg)
-    return state
+        fleet.apply(rank, msg)
+    return fleet
 
 
 def test_state_header_figures_and_straggler():
-    state = fed_state()
-    h = state.header()
+    fleet = fed_fleet()
+    h = header(fleet)
     assert h.step == 20 and h.live == 4 and h.world == 4
     assert h.straggler == 3
     assert h.global_batch == 8
     assert h.total_updates == 1000
     assert h.status == "running"
-    u = state.ranks[0].last
+    u = fleet.ranks[0].last
     assert h.tokens_per_s == pytest.approx(u.update_tokens / u.update_s)
     assert h.eta_s == pytest.approx((1000 - 20) * u.update_s)
 
 
 def test_state_no_straggler_when_balanced():
-    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 1))
-    assert state.straggler() is None
+    fleet = fed_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 1))
+    assert straggler(fleet) is None
 
 
 def test_state_skips_history_resent_after_reconnect():
-    state = fed_state()
-    n = len(state.ranks[0].updates)
-    loss_n = len(state.loss)
-    state.apply(0, hello(0))
+    fleet = fed_fleet()
+    n = len(fleet.ranks[0].updates)
+    loss_n = len(fleet.loss)
+    fleet.apply(0, hello(0))
     for step in range(15, 21):  # the hub's backlog again
-        state.apply(0, update(0, step))
-    assert len(state.ranks[0].updates) == n
-    assert len(state.loss) == loss_n
+        fleet.apply(0, update(0, step))
+    assert len(fleet.ranks[0].updates) == n
+    assert len(fleet.loss) == loss_n
     ev = Event("checkpoint", 0, 10, data={"path": "p", "verified": True}, time=T0 + 5)
-    state.apply(0, ev)
-    state.apply(0, ev)
-    assert sum("checkpoint p" in ln.text for ln in state.log_lines) == 1
+    fleet.apply(0, ev)
+    fleet.apply(0, ev)
+    assert sum("checkpoint p" in ln.text for ln in fleet.log_lines) == 1
 
 
 def test_state_new_run_on_rank0_resets():
-    state = fed_state()
-    state.apply(0, hello(0, run_id="other"))
-    assert state.run_id == "other"
-    assert len(state.ranks[0].updates) == 0
-    assert any("now serves run other" in ln.text for ln in state.log_lines)
+    fleet = fed_fleet()
+    fleet.apply(0, hello(0, run_id="other"))
+    assert fleet.run_id == "other"
+    assert len(fleet.ranks[0].updates) == 0
+    assert any("now serves run other" in ln.text for ln in fleet.log_lines)
 
 
 def test_state_events_drive_pause_and_log():
-    state = fed_state()
-    state.apply(0, Event("paused", 0, 21, time=T0 + 1))
-    assert state.header().status == "paused"
-    state.apply(0, Event("resumed", 0, 21, time=T0 + 2))
-    assert state.header().status == "running"
-    state.apply(0, Event("eval", 0, 20, data={"val_loss": 3.5}, time=T0 + 3))
-    assert state.header().val_loss == 3.5
-    state.apply(0, Event("stopped", 0, 22, data={"checkpoint": "ck"}, time=T0 + 4))
-    assert state.header().status == "stopped"
-    state.apply(2, Dropped(5, 7))
-    assert state.ranks[2].dropped == 7
+    fleet = fed_fleet()
+    fleet.apply(0, Event("paused", 0, 21, time=T0 + 1))
+    assert header(fleet).status == "paused"
+    fleet.apply(0, Event("resumed", 0, 21, time=T0 + 2))
+    assert header(fleet).status == "running"
+    fleet.apply(0, Event("eval", 0, 20, data={"val_loss": 3.5}, time=T0 + 3))
+    assert header(fleet).val_loss == 3.5
+    fleet.apply(0, Event("stopped", 0, 22, data={"checkpoint": "ck"}, time=T0 + 4))
+    assert header(fleet).status == "stopped"
+    fleet.apply(2, Dropped(5, 7))
+    assert fleet.ranks[2].dropped == 7
 
 
 def test_state_replies_name_the_command_and_outcome():
-    state = fed_state()
-    state.command_sent(3, "rebalance", {"split": [3, 2, 2, 1]})
-    state.apply(0, Reply(3, True, result={"step": 42}))
-    assert "rebalance to 3,2,2,1: applied at update 42" in state.log_lines[-1].text
-    state.command_sent(4, "pause", {})
-    state.apply(0, Reply(4, False, error="bad mac"))
-    assert state.log_lines[-1].text.endswith("pause: refused: bad mac")
-    assert state.log_lines[-1].level == "error"
-    assert not state.pending
+    fleet = fed_fleet()
+    fleet.command_sent(3, "rebalance", {"split": [3, 2, 2, 1]})
+    fleet.apply(0, Reply(3, True, result={"step": 42}))
+    assert "rebalance to 3,2,2,1: applied at update 42" in fleet.log_lines[-1].text
+    fleet.command_sent(4, "pause", {})
+    fleet.apply(0, Reply(4, False, error="bad mac"))
+    assert fleet.log_lines[-1].text.endswith("pause: refused: bad mac")
+    assert fleet.log_lines[-1].level == "error"
+    assert not fleet.pending
 
 
 def test_state_link_changes_are_logged_once():
-    state = fed_state()
+    fleet = fed_fleet()
     lost = LinkStatus(1, LinkPhase.LOST, "connection reset", retry_at=T0 + 1)
-    state.set_link(lost)
-    state.set_link(lost)
-    assert sum("link lost" in ln.text for ln in state.log_lines) == 1
-    state.set_link(LinkStatus(1, LinkPhase.LIVE))
-    assert "rank 1 link back" in state.log_lines[-1].text
-    assert state.live_count() == 4
+    fleet.set_link(lost)
+    fleet.set_link(lost)
+    assert sum("link lost" in ln.text for ln in fleet.log_lines) == 1
+    fleet.set_link(LinkStatus(1, LinkPhase.LIVE))
+    assert "rank 1 link back" in fleet.log_lines[-1].text
+    assert fleet.live_count() == 4
 
 
 def test_state_proposal_moves_work_off_the_straggler():
-    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
-    prop, models, why = state.proposal()
+    fleet = fed_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+    prop, models, why = proposal(fleet)
     assert why == "" and prop is not None and len(models) == 4
     assert sum(prop.split) == 8
     assert prop.split[3] < 2
@@ -234,8 +236,8 @@ def test_state_proposal_moves_work_off_the_straggler():
 
 
 def test_state_proposal_says_why_not():
-    state = FleetState(local_targets(2))
-    prop, _, why = state.proposal()
+    fleet = Fleet(local_targets(2))
+    prop, _, why = proposal(fleet)
     assert prop is None and "not every rank" in why
 
 
@@ -250,7 +252,7 @@ def test_series_keeps_whole_run_at_bounded_size():
 
 
 def test_snapshot_is_json_ready():
-    snap = fed_state().snapshot()
+    snap = snapshot(fed_fleet())
     text = json.dumps(snap)
     assert json.loads(text)["ranks"][3]["straggler"] is True
 
@@ -478,24 +480,24 @@ def test_replay_plays_steps_and_finishes(tmp_path):
     feed = ReplayFeed(tmp_path)
     inbox = Inbox()
     feed.attach(inbox)
-    state = FleetState(feed.targets)
+    fleet = Fleet(feed.targets)
 
     def pump():
         for rank, item in inbox.drain():
-            state.set_link(item) if isinstance(item, LinkStatus) else state.apply(rank, item)
+            fleet.set_link(item) if isinstance(item, LinkStatus) else fleet.apply(rank, item)
 
     feed.start()
     feed.step()
     pump()
-    assert state.step() == 1 and not feed.playing
+    assert fleet.step() == 1 and not feed.playing
     feed.step()
     pump()
-    assert state.step() == 2
+    assert fleet.step() == 2
     feed.finish()
     pump()
-    assert state.step() == 30 and feed.done
-    assert any("rebalanced" in ln.text for ln in state.log_lines)
-    assert state.header().val_loss is not None
+    assert fleet.step() == 30 and feed.done
+    assert any("rebalanced" in ln.text for ln in fleet.log_lines)
+    assert header(fleet).val_loss is not None
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ReplayError, match="no telemetry logs"):

@@ -1,4 +1,4 @@
-"""Keys, and how to read the bars and link states."""
+"""Keys, and how to read the bars and link phases."""
 
 from __future__ import annotations
 
