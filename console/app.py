@@ -19,9 +19,10 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from console import snapshot
-from console.feed import Feed, Inbox
+from console.feed import Feed, Inbox, Playback
 from console.fleet import Fleet
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
+from console.model import UP
 from console.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -33,8 +34,8 @@ from console.widgets import EventLog, LossChart, RankTable, RunHeader
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
 
-CONTROL = {"checkpoint", "pause", "rebalance", "stop"}
-REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}
+LIVE = {"checkpoint", "pause", "rebalance", "stop", "reconnect"}  # off in a replay
+REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}  # only in one
 
 
 class FleetApp(App[int]):
@@ -53,6 +54,7 @@ class FleetApp(App[int]):
         Binding("n", "replay_step", "Step"),
         Binding("plus,equals_sign", "replay_faster", "Faster", show=False),
         Binding("minus", "replay_slower", "Slower", show=False),
+        Binding("l", "reconnect", "Reconnect", show=False),
         Binding("q", "quit_console", "Quit"),
         Binding("question_mark", "help", "Help"),
     ]
@@ -68,7 +70,8 @@ class FleetApp(App[int]):
     ) -> None:
         super().__init__()
         self.feed = feed
-        self.read_only = read_only or feed.replay
+        self.replay = feed.playback is not None
+        self.read_only = read_only or self.replay
         self.demo = demo
         self.fps = fps
         self.clock = clock
@@ -98,36 +101,26 @@ class FleetApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        header = self.header
-        badges = []
-        if self.feed.replay:
-            badges.append("REPLAY")
+        if self.replay:
+            self.header.badges = ("REPLAY",)
         elif self.read_only or self.feed.control_problem:
-            badges.append("READ-ONLY")
-        header.badges = tuple(badges)
-        if (problem := self.feed.control_problem) and not self.feed.replay:
+            self.header.badges = ("READ-ONLY",)
+        if (problem := self.feed.control_problem) and not self.replay:
             self.fleet.log(problem, "warning")
         self.feed.attach(self.inbox)
-        links = getattr(self.feed, "links", [])
-        if links:
+        loops = self.feed.loops()
+        if loops:
             # One blocking thread per rank: size the pool for them, or ranks past the default
             # pool's few threads would wait forever for a free one.
-            loop = asyncio.get_running_loop()
-            loop.set_default_executor(
-                ThreadPoolExecutor(max_workers=len(links) + 8, thread_name_prefix="fleet-io")
+            asyncio.get_running_loop().set_default_executor(
+                ThreadPoolExecutor(max_workers=len(loops) + 8, thread_name_prefix="fleet-io")
             )
-            for link in links:
-                self.run_worker(
-                    link.run,
-                    name=f"link-{link.rank}",
-                    group=f"link-{link.rank}",
-                    thread=True,
-                    exclusive=True,
-                    exit_on_error=False,
-                )
-        if start := getattr(self.feed, "start", None):
-            start()
-        if getattr(self.feed, "tick", None):
+        for name, loop in loops.items():
+            self.run_worker(
+                loop, name=name, group=name, thread=True, exclusive=True, exit_on_error=False
+            )
+        self.feed.start()
+        if self.replay:
             self.set_interval(0.1, self._replay_tick)
         self.set_interval(1 / self.fps, self._frame)
         self._frame(force=True)
@@ -142,8 +135,7 @@ class FleetApp(App[int]):
         self._dirty = True
 
     def _replay_tick(self) -> None:
-        self.feed.tick(0.1)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.tick(0.1))
 
     def _frame(self, force: bool = False) -> None:
         """Redraw if anything changed (and once a second for ages and countdowns)."""
@@ -177,18 +169,18 @@ class FleetApp(App[int]):
             return True
         return False
 
-    def _confirm_then_send(self, cmd: str, title: str, body: str, args: dict | None = None) -> None:
+    def _confirm_then_send(self, cmd: str) -> None:
         if self._refuse(cmd):
             return
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.send_command(cmd, args or {})
+                self.send_command(cmd, {})
             else:
                 self.fleet.log(f"{cmd}: cancelled", "info")
                 self._dirty = True
 
-        self.push_screen(ConfirmScreen(title, body, yes=cmd.capitalize()), answered)
+        self.push_screen(ConfirmScreen.before(cmd), answered)
 
     @work(thread=True, group="command", exit_on_error=False)
     def send_command(self, cmd: str, args: dict[str, Any]) -> None:
@@ -213,37 +205,19 @@ class FleetApp(App[int]):
         self._frame(force=True)
 
     def action_checkpoint(self) -> None:
-        self._confirm_then_send(
-            "checkpoint",
-            "Checkpoint now?",
-            "Every rank saves at the next update boundary; training goes on.",
-        )
+        self._confirm_then_send("checkpoint")
 
     def action_pause(self) -> None:
-        if self.fleet.paused:
-            self._confirm_then_send(
-                "resume", "Resume the run?", "Training continues from where it paused."
-            )
-        else:
-            self._confirm_then_send(
-                "pause",
-                "Pause the run?",
-                "Every rank stops at the next update boundary and waits (press p again to resume).",
-            )
+        self._confirm_then_send("resume" if self.fleet.paused else "pause")
 
     def action_stop(self) -> None:
-        self._confirm_then_send(
-            "stop",
-            "Stop the run?",
-            "The run checkpoints at the next update boundary, then every rank exits. "
-            "It can be resumed from that checkpoint.",
-        )
+        self._confirm_then_send("stop")
 
     def action_rebalance(self) -> None:
         if self._refuse("rebalance"):
             return
-        split = self.fleet.current_split()
-        if any(b is None for b in split):
+        split = self.fleet.split()
+        if split is None:
             self.fleet.log("rebalance: not every rank has reported its batch yet", "warning")
             self._frame(force=True)
             return
@@ -257,10 +231,7 @@ class FleetApp(App[int]):
             else:
                 self.send_command("rebalance", {"split": new})
 
-        self.push_screen(
-            RebalanceScreen(split, prop, models, why, hosts, HEADROOM),  # type: ignore[arg-type]
-            chosen,
-        )
+        self.push_screen(RebalanceScreen(split, prop, models, why, hosts, HEADROOM), chosen)
 
     def action_quit_console(self) -> None:
         if not self.demo or self.fleet.stopped:
@@ -279,35 +250,40 @@ class FleetApp(App[int]):
         self.push_screen(QuitScreen(), chosen)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(replay=self.feed.replay))
+        self.push_screen(HelpScreen(replay=self.replay))
 
     def on_rank_selected(self, msg: RankSelected) -> None:
         screen = RankDetailScreen(msg.rank)
         screen.show(self.fleet, self.clock())
         self.push_screen(screen)
 
-    # --- replay ------------------------------------------------------------------------------
+    # --- replay and links ------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in REPLAY:
-            return self.feed.replay
-        return not (action in CONTROL and self.feed.replay)
+        return self.replay if action in REPLAY else not (self.replay and action in LIVE)
+
+    def _play(self, control: Callable[[Playback], None]) -> None:
+        if playback := self.feed.playback:  # (the replay keys are off otherwise)
+            control(playback)
+            self.header.badges = (playback.badge(),)
 
     def action_replay_toggle(self) -> None:
-        self.feed.toggle()  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.toggle())
 
     def action_replay_step(self) -> None:
-        self.feed.step()  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.step())
 
     def action_replay_faster(self) -> None:
-        self.feed.speed = min(256.0, self.feed.speed * 2)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.faster())
 
     def action_replay_slower(self) -> None:
-        self.feed.speed = max(0.25, self.feed.speed / 2)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.slower())
 
-    def _update_replay_badge(self) -> None:
-        self.header.badges = (self.feed.badge(),)  # type: ignore[attr-defined]
+    def action_reconnect(self) -> None:
+        down = [str(v.rank) for v in self.fleet.ranks if v.phase not in UP]
+        if not down:
+            self.fleet.log("reconnect: every link is up", "info")
+        else:
+            self.feed.reconnect()
+            self.fleet.log(f"reconnect: rank {', '.join(down)} trying again now", "info")
+        self._frame(force=True)

@@ -119,7 +119,8 @@ def _console(args: argparse.Namespace) -> int:
 def build_feed(args: argparse.Namespace):
     """The live feed the arguments describe (SSH for --hostfile, TCP for --local)."""
     from console import hostfile
-    from console.links import LiveFeed, TCPConnector
+    from console.connectors import TCPConnector
+    from console.live import LiveFeed
 
     if args.local:
         if args.n < 1:
@@ -127,7 +128,7 @@ def build_feed(args: argparse.Namespace):
         targets = hostfile.local_targets(args.n, args.port_base)
         connector = TCPConnector()
     else:
-        from console.links import SSHConnector
+        from console.connectors import SSHConnector
 
         targets = hostfile.rank_targets(hostfile.load_hostfile(args.hostfile), args.port_base)
         connector = SSHConnector(_ssh_pool(args))

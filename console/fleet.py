@@ -116,8 +116,10 @@ class Fleet:
     def step(self) -> int:
         return max((v.last.step for v in self.ranks if v.last), default=0)
 
-    def current_split(self) -> list[int | None]:
-        return [v.local_batch for v in self.ranks]
+    def split(self) -> list[int] | None:
+        """Every rank's local batch, once each has reported its own."""
+        batches = [v.local_batch for v in self.ranks]
+        return [b for b in batches if b is not None] if None not in batches else None
 
     # --- input -------------------------------------------------------------------------------
 

@@ -5,27 +5,24 @@ plain thread. The loop reports through a `LinkSink` only (its phase changes and 
 it reads), so the UI thread never touches a socket. A lost console never disturbs the run: a
 subscriber only reads, and the rank never waits for it.
 
-Its phases (`console.model.LinkPhase`) are drawn in `console.model`'s docstring.
+Its phases are drawn in `console.model`'s docstring; how it reaches the rank is a
+`console.connectors.Connector`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import PurePosixPath
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from console.connectors import Connector, LinkRefused
 from console.hostfile import RankTarget
 from console.model import UP, LinkPhase, LinkSink, LinkStatus
 from telemetry.backoff import Backoff
-from telemetry.errors import AuthError, ConnectionLost, TelemetryError
-from telemetry.records import Hello, Message, run_id_of
-
-log = logging.getLogger(__name__)
+from telemetry.errors import ConnectionLost, TelemetryError
+from telemetry.records import Hello
 
 CONNECT_TIMEOUT = 10.0
 RECV_TIMEOUT = 0.5  # how often a quiet link checks for stop and staleness
@@ -33,98 +30,6 @@ STALE_AFTER = 10.0
 
 # console/bench.py (leaving the package on another branch) still imports the old name here.
 LinkState = LinkPhase
-
-
-class LinkRefused(Exception):
-    """The far side said no; `kind` is a short reason, `retry` whether trying again may help."""
-
-    def __init__(self, message: str, kind: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retry = retry
-
-
-class Connector(Protocol):
-    """How to reach ranks: plain loopback TCP (--local) or SSH channels."""
-
-    def open(self, target: RankTarget, timeout: float) -> Any:
-        """A connected socket-like (recv/sendall/settimeout/close); LinkRefused or OSError."""
-        ...
-
-    def describe(self, target: RankTarget) -> str: ...
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        """The control key from `run_dir` on the target's host; AuthError with the reason."""
-        ...
-
-    def close(self) -> None: ...
-
-
-# --- connectors --------------------------------------------------------------------------------
-
-
-class TCPConnector:
-    """Ranks on this machine: TCP to 127.0.0.1:port, key read from the local run folder."""
-
-    def open(self, target: RankTarget, timeout: float) -> socket.socket:
-        try:
-            sock = socket.create_connection(("127.0.0.1", target.port), timeout=timeout)
-        except ConnectionRefusedError:
-            raise LinkRefused(
-                f"nothing listening on 127.0.0.1:{target.port}", "nothing listening"
-            ) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-
-    def describe(self, target: RankTarget) -> str:
-        return f"127.0.0.1:{target.port}"
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        from telemetry.auth import read_key
-
-        return read_key(run_dir)
-
-    def close(self) -> None:
-        pass
-
-
-class SSHConnector:
-    """Ranks behind SSH: a direct-tcpip channel per rank over one connection per host."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool  # console.ssh.SSHPool; untyped so this module does not import paramiko
-
-    def open(self, target: RankTarget, timeout: float) -> Any:
-        from console.ssh import SSHError
-
-        try:
-            return self.pool.open_forward(target.host, target.port, timeout=timeout)
-        except SSHError as e:
-            raise LinkRefused(str(e), e.kind, e.retry) from None
-
-    def describe(self, target: RankTarget) -> str:
-        return f"{target.host} → 127.0.0.1:{target.port}"
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        from console.ssh import SSHError
-        from telemetry.auth import KEY_BYTES, KEY_FILE
-
-        path = str(PurePosixPath(run_dir) / KEY_FILE)
-        try:
-            data = self.pool.read_file(target.host, path, private=True)
-        except (SSHError, OSError) as e:
-            raise AuthError(f"cannot read the control key {target.host}:{path}: {e}") from None
-        if len(data) != KEY_BYTES:
-            raise AuthError(
-                f"control key {target.host}:{path} holds {len(data)} bytes, expected {KEY_BYTES}"
-            )
-        return data
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-# --- one rank's link ---------------------------------------------------------------------------
 
 
 def _default_client(sock: Any, key: bytes | None, timeout: float, peer: str = "") -> Any:
@@ -297,106 +202,3 @@ def _why(e: BaseException) -> str:
 def _close(obj: Any) -> None:
     with contextlib.suppress(Exception):  # best effort: the peer may be gone already
         obj.close()
-
-
-# --- the whole fleet's links -------------------------------------------------------------------
-
-
-class LiveFeed:
-    """Every rank's link plus the control key; the app and `--once` both drive this."""
-
-    replay = False
-
-    def __init__(
-        self,
-        targets: Sequence[RankTarget],
-        connector: Connector,
-        *,
-        run_dir: str | None = None,
-        read_only: bool = False,
-        link_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.targets = list(targets)
-        self.connector = connector
-        self.run_dir = run_dir
-        self.read_only = read_only
-        self.sink: LinkSink | None = None
-        self.links = [RankLink(t, connector, self, **(link_options or {})) for t in self.targets]
-        self._key_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self.wrong_run = ""  # set when rank 0 turns out to serve another run than --run-dir
-
-    # LinkSink: links report here, the feed forwards to whoever attached.
-    def link_status(self, status: LinkStatus) -> None:
-        if self.sink is not None:
-            self.sink.link_status(status)
-
-    def link_message(self, rank: int, message: Message) -> None:
-        if rank == 0 and isinstance(message, Hello):
-            self.wrong_run = self.check_run(message.run_id)
-        if self.sink is not None:
-            self.sink.link_message(rank, message)
-
-    def check_run(self, served: str) -> str:
-        """Why rank 0's run is not the one in --run-dir, or "" (then commands may go).
-
-        On this machine the whole id is known; on another host only the folder's name is
-        (the id's hash is of the absolute path there).
-        """
-        if not self.run_dir:
-            return ""
-        if isinstance(self.connector, TCPConnector):
-            expected = run_id_of(self.run_dir)
-            if served == expected:
-                return ""
-        else:
-            name = PurePosixPath(self.run_dir.rstrip("/")).name
-            if served.rsplit("-", 1)[0] == name:
-                return ""
-            expected = f"{name}-…"
-        return (
-            f"rank 0 serves run {served}, but --run-dir {self.run_dir} is run {expected}: "
-            "commands are off (check --port-base)"
-        )
-
-    def attach(self, sink: LinkSink) -> None:
-        self.sink = sink
-
-    @property
-    def control_problem(self) -> str:
-        """Why commands cannot be sent from this console, or ""."""
-        if self.read_only:
-            return "this console is read-only (--read-only)"
-        if self.run_dir is None:
-            return "no --run-dir given, so no control key: commands are off"
-        return self.wrong_run
-
-    def start_threads(self) -> None:
-        """Run every link on a daemon thread (for use without the app)."""
-        for link in self.links:
-            t = threading.Thread(target=link.run, name=f"link-{link.rank}", daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def ensure_key(self) -> bytes:
-        """The control key, fetched once (over SFTP for SSH); AuthError with the reason."""
-        if problem := self.control_problem:
-            raise AuthError(problem)
-        link0 = self.links[0]
-        with self._key_lock:
-            if link0.key is None:
-                assert self.run_dir is not None
-                link0.key = self.connector.read_control_key(self.targets[0], self.run_dir)
-            return link0.key
-
-    def send(self, cmd: str, args: dict[str, Any] | None = None) -> int:
-        """Send a command to rank 0 (blocking: call from a worker); returns the command id."""
-        self.ensure_key()
-        return self.links[0].send_command(cmd, args)
-
-    def close(self) -> None:
-        for link in self.links:
-            link.stop()
-        self.connector.close()
-        for t in self._threads:
-            t.join(timeout=2.0)

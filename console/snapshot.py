@@ -74,8 +74,8 @@ def header(fleet: Fleet) -> HeaderInfo:
         straggler=straggler(fleet),
         warning=fleet.warning,
     )
-    split = fleet.current_split()
-    info.global_batch = sum(split) if all(b is not None for b in split) else None  # type: ignore[arg-type]
+    split = fleet.split()
+    info.global_batch = sum(split) if split is not None else None
     ref = reference(fleet)
     if ref is not None and ref.last is not None:
         recent = ref.recent(SMOOTH)
@@ -120,8 +120,8 @@ def proposal(
     fleet: Fleet, headroom: float = 0.15
 ) -> tuple[balance.Proposal | None, list[balance.RankModel], str]:
     """The balancer's proposal for this run, the fitted models, and why not if none."""
-    split = fleet.current_split()
-    if any(b is None for b in split):
+    split = fleet.split()
+    if split is None:
         return None, [], "not every rank has reported its local batch yet"
     samples = balance_samples(fleet)
     missing = [v.rank for v, s in zip(fleet.ranks, samples, strict=True) if not s]
@@ -129,12 +129,7 @@ def proposal(
         return None, [], f"no updates yet from rank(s) {', '.join(map(str, missing))}"
     try:
         models = balance.fit(samples)
-        prop = balance.propose(
-            models,
-            sum(split),
-            headroom=headroom,
-            current=split,  # type: ignore[arg-type]
-        )
+        prop = balance.propose(models, sum(split), headroom=headroom, current=split)
     except balance.BalanceError as e:
         return None, [], str(e)
     return prop, models, ""

@@ -116,7 +116,7 @@ def straggler_fleet(
 class FakeFeed:
     """A feed the test pushes messages into; commands are recorded and answered on request."""
 
-    replay = False
+    playback = None
 
     def __init__(self, n: int = 4, *, control_problem: str = "", auto_reply: bool = True) -> None:
         self.targets = [RankTarget(r, HOSTS[r % len(HOSTS)], 47800 + r) for r in range(n)]
@@ -126,6 +126,7 @@ class FakeFeed:
         self.sent: list[tuple[str, dict]] = []
         self.sent_event = threading.Event()
         self.closed = False
+        self.reconnects = 0
         self._ids = 0
         self.step = 20
 
@@ -135,6 +136,12 @@ class FakeFeed:
 
     def attach(self, sink: Any) -> None:
         self.sink = sink
+
+    def loops(self) -> dict:
+        return {}  # the test pushes by hand
+
+    def start(self) -> None:
+        pass
 
     def live(self) -> None:
         for t in self.targets:
@@ -160,6 +167,9 @@ class FakeFeed:
                 reply = Reply(self._ids, True, result={"step": self.step + 1})
             self.sink.link_message(0, reply)
         return self._ids
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
 
     def close(self) -> None:
         self.closed = True

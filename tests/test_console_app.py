@@ -262,6 +262,19 @@ async def test_lost_and_refused_ranks_show_why(feed):
 
 
 @aio
+async def test_l_reconnects_the_links_that_are_down(feed):
+    app = FleetApp(feed, read_only=True)  # reconnecting changes nothing in the run
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("l")
+        assert feed.reconnects == 0 and "reconnect: every link is up" in log_text(app)
+        feed.link(1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
+        await until(pilot, lambda: app.fleet.live_count() == 3)
+        await pilot.press("l")
+        assert feed.reconnects == 1 and "reconnect: rank 1 trying again now" in log_text(app)
+
+
+@aio
 async def test_quit_leaves_the_run_alone(feed):
     app = FleetApp(feed)
     async with app.run_test(size=SIZE) as pilot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from console import demo, fmt, render
+from console.connectors import LinkRefused
 from console.feed import Inbox
 from console.fleet import Fleet
 from console.hostfile import (
@@ -21,7 +23,7 @@ from console.hostfile import (
     parse_hostfile,
     rank_targets,
 )
-from console.links import LinkRefused, RankLink
+from console.links import RankLink
 from console.model import LinkPhase, LinkStatus
 from console.series import Series
 from console.snapshot import header, proposal, snapshot, straggler
@@ -399,6 +401,33 @@ def test_link_refused_for_good_waits_without_retrying():
     assert not t.is_alive()
 
 
+def test_link_refused_for_good_tries_again_when_asked():
+    sink = Recorder()
+    link = make_link(
+        [LinkRefused("key changed", "host key changed", retry=False), [hello(0, world=1)]], sink
+    )
+    t = run_link(link)
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.REFUSED for s in sink.statuses))
+    link.retry_now()  # the operator pressed l
+    assert sink.wait_for(lambda: link.phase is LinkPhase.LIVE)
+    assert link.connector.opens == 2
+    link.stop()
+    t.join(2)
+
+
+def test_feed_reconnects_only_the_links_that_are_down():
+    from console.live import LiveFeed
+
+    feed = LiveFeed(local_targets(2), ScriptedConnector([]))
+    asked = []
+    for link in feed.links:
+        link.retry_now = functools.partial(asked.append, link.rank)
+    feed.links[0].phase = LinkPhase.LIVE
+    feed.links[1].phase = LinkPhase.REFUSED
+    feed.reconnect()
+    assert asked == [1]
+
+
 def test_link_marks_stale_and_back_live():
     sink = Recorder()
     session = [hello(0, world=1), update(0, 1)]
@@ -446,7 +475,8 @@ def test_gather_knows_every_log_name_the_ranks_write():
 
 
 def test_feed_turns_commands_off_when_rank0_serves_another_run(tmp_path):
-    from console.links import LiveFeed, SSHConnector, TCPConnector
+    from console.connectors import SSHConnector, TCPConnector
+    from console.live import LiveFeed
     from telemetry.errors import AuthError
     from telemetry.records import run_id_of
 
