@@ -649,7 +649,7 @@ def test_console_cli_errors_are_one_line(tmp_path):
 
 
 def test_ssh_config_is_honoured(tmp_path):
-    from console.ssh import SSHConfigError, SSHOptions, _parse_hop, resolve
+    from console.ssh import SSHConfigError, SSHOptions, _parse_hop, host_settings
 
     cfg = tmp_path / "config"
     cfg.write_text(
@@ -658,12 +658,14 @@ def test_ssh_config_is_honoured(tmp_path):
         f"  UserKnownHostsFile {tmp_path}/kh1 {tmp_path}/kh2\n"
         "Host *\n  User fallback\n"
     )
-    s = resolve("studio", SSHOptions(config_path=cfg))
+    s = host_settings("studio", SSHOptions(config_path=cfg))
     assert (s.hostname, s.port, s.user) == ("10.0.0.5", 2222, "ml")
     assert s.identity_files[0].endswith("/k1") and not s.identity_files[0].startswith("~")
     assert s.identities_only and s.proxy_jump == "bastion" and s.accept_new
     assert s.known_hosts == tmp_path / "kh1"
-    other = resolve("mini", SSHOptions(config_path=cfg, known_hosts=tmp_path / "kh", user="me"))
+    other = host_settings(
+        "mini", SSHOptions(config_path=cfg, known_hosts=tmp_path / "kh", user="me")
+    )
     assert (other.hostname, other.port, other.user) == ("mini", 22, "me")
     assert other.known_hosts == tmp_path / "kh" and not other.accept_new
     assert _parse_hop("ml@jump:2200") == ("ml", "jump", 2200)
