@@ -102,7 +102,7 @@ def _console(args: argparse.Namespace) -> int:
     if args.once:
         from console import once
 
-        fleet = once.gather(feed, timeout=args.timeout)
+        fleet = once.reach(feed, timeout=args.timeout)
         if args.json:
             once.print_json(fleet, sys.stdout)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import IO, Any
+from typing import IO
 
 from rich import box
 from rich.console import Console
@@ -19,14 +19,18 @@ from rich.text import Text
 from console import fmt, render
 from console.feed import Inbox
 from console.fleet import Fleet, RankView
+from console.live import LiveFeed
 from console.model import LinkPhase
 from console.snapshot import header, snapshot
 
 SETTLE_S = 2.0  # after every rank said hello, how long to wait for their first update
 
 
-def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> Fleet:
-    """Run the feed's links until each rank has sent an update, or `timeout` passes."""
+def reach(feed: LiveFeed, timeout: float = 15.0, clock=time.time) -> Fleet:
+    """Run the feed's links until each rank has sent an update, or `timeout` passes.
+
+    (`console.gather` is another thing: it copies the ranks' log files.)
+    """
     fleet = Fleet(feed.targets, clock=clock)
     woke = threading.Event()
     inbox = Inbox(notify=woke.set)
@@ -131,5 +135,5 @@ def table(fleet: Fleet) -> Table:
 def print_table(fleet: Fleet, out: IO[str] | None = None) -> None:
     console = Console(file=out, highlight=False)
     console.print(table(fleet))
-    if header(fleet).straggler is not None:
-        console.print(f"» rank {header(fleet).straggler} is the straggler")
+    if (slow := header(fleet).straggler) is not None:
+        console.print(f"» rank {slow} is the straggler")
