@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -41,7 +42,7 @@ REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}  # o
 class FleetApp(App[int]):
     """Watch a run; steer it only through confirmed, signed commands."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "mlx-fleet"
     ENABLE_COMMAND_PALETTE = False
 
