@@ -614,6 +614,19 @@ def test_console_never_imports_mlx_or_trainer():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
+def test_console_model_stays_headless():
+    # The fleet model and its vocabulary load without Textual, SSH or the network code, so
+    # views, --once and replay read link phases from the model, never from links.py.
+    code = (
+        "import sys, console.model, console.fleet, console.events, console.snapshot, "
+        "console.series, console.feed, console.replay\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'paramiko') "
+        "or m in ('console.links', 'console.live', 'console.connectors', 'console.ssh'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
 def test_balance_stays_pure():
     code = (
         "import sys, telemetry.balance\n"
