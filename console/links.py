@@ -95,7 +95,7 @@ class RankLink:
             _close(client)  # from another thread this may race the reader; harmless
 
     def retry_now(self) -> None:
-        """Cut a backoff wait short (the operator asked to reconnect)."""
+        """Cut the wait before the next attempt short (the operator pressed l)."""
         self.backoff.reset()
         self._wake.set()
 
@@ -103,10 +103,12 @@ class RankLink:
         """The loop: blocks until `stop()` (or `should_stop()` turns true)."""
         done = (lambda: self.stopped() or should_stop()) if should_stop else self.stopped
         while not done():
+            # Cleared before the attempt, not after: a retry_now() that lands while it fails
+            # (the operator saw "refused" and pressed l at once) still cuts the wait short.
+            self._wake.clear()
             delay = self._session(done)
             if done():
                 break
-            self._wake.clear()
             if delay is None:  # refused for good: wait for retry_now() or stop
                 while not done() and not self._wake.wait(1.0):
                     pass
