@@ -81,7 +81,11 @@ class Feed(Protocol):
     """What the app reads from: live links, a replay, or a test's fake; it never asks which."""
 
     targets: list[RankTarget]
-    playback: Playback | None  # a replay's transport; None when live (the replay keys are off)
+
+    @property
+    def playback(self) -> Playback | None:
+        """A replay's transport; None when live (then the replay keys are off)."""
+        ...
 
     @property
     def control_problem(self) -> str:
