@@ -1,7 +1,7 @@
 """The operator console: a Textual app over a feed of rank telemetry (live links or a replay).
 
 Link threads only fill an inbox and post one coalescing `FeedReady`; the UI thread drains it
-into `FleetState` and redraws at most `fps` times a second, so a burst never queues frames.
+into the `Fleet` and redraws at most `fps` times a second, so a burst never queues frames.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -18,8 +19,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer
 
-from console.feed import Feed, Inbox
+from console import snapshot
+from console.feed import Feed, Inbox, Playback
+from console.fleet import Fleet
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
+from console.model import UP
 from console.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -27,19 +31,18 @@ from console.screens import (
     RankDetailScreen,
     RebalanceScreen,
 )
-from console.state import FleetState
 from console.widgets import EventLog, LossChart, RankTable, RunHeader
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
 
-CONTROL = {"checkpoint", "pause", "rebalance", "stop"}
-REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}
+LIVE = {"checkpoint", "pause", "rebalance", "stop", "reconnect"}  # off in a replay
+REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}  # only in one
 
 
 class FleetApp(App[int]):
     """Watch a run; steer it only through confirmed, signed commands."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "mlx-fleet"
     ENABLE_COMMAND_PALETTE = False
 
@@ -52,6 +55,7 @@ class FleetApp(App[int]):
         Binding("n", "replay_step", "Step"),
         Binding("plus,equals_sign", "replay_faster", "Faster", show=False),
         Binding("minus", "replay_slower", "Slower", show=False),
+        Binding("l", "reconnect", "Reconnect", show=False),
         Binding("q", "quit_console", "Quit"),
         Binding("question_mark", "help", "Help"),
     ]
@@ -67,11 +71,12 @@ class FleetApp(App[int]):
     ) -> None:
         super().__init__()
         self.feed = feed
-        self.read_only = read_only or feed.replay
+        self.replay = feed.playback is not None
+        self.read_only = read_only or self.replay
         self.demo = demo
         self.fps = fps
         self.clock = clock
-        self.state = FleetState(feed.targets, clock=clock)
+        self.fleet = Fleet(feed.targets, clock=clock)
         self.inbox = Inbox(notify=lambda: self.post_message(FeedReady()))
         self._dirty = True
         self._last_chart = -1
@@ -97,36 +102,26 @@ class FleetApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        header = self.header
-        badges = []
-        if self.feed.replay:
-            badges.append("REPLAY")
+        if self.replay:
+            self.header.badges = ("REPLAY",)
         elif self.read_only or self.feed.control_problem:
-            badges.append("READ-ONLY")
-        header.badges = tuple(badges)
-        if (problem := self.feed.control_problem) and not self.feed.replay:
-            self.state.log(problem, "warning")
+            self.header.badges = ("READ-ONLY",)
+        if (problem := self.feed.control_problem) and not self.replay:
+            self.fleet.log(problem, "warning")
         self.feed.attach(self.inbox)
-        links = getattr(self.feed, "links", [])
-        if links:
+        loops = self.feed.loops()
+        if loops:
             # One blocking thread per rank: size the pool for them, or ranks past the default
             # pool's few threads would wait forever for a free one.
-            loop = asyncio.get_running_loop()
-            loop.set_default_executor(
-                ThreadPoolExecutor(max_workers=len(links) + 8, thread_name_prefix="fleet-io")
+            asyncio.get_running_loop().set_default_executor(
+                ThreadPoolExecutor(max_workers=len(loops) + 8, thread_name_prefix="fleet-io")
             )
-            for link in links:
-                self.run_worker(
-                    link.run,
-                    name=f"link-{link.rank}",
-                    group=f"link-{link.rank}",
-                    thread=True,
-                    exclusive=True,
-                    exit_on_error=False,
-                )
-        if start := getattr(self.feed, "start", None):
-            start()
-        if getattr(self.feed, "tick", None):
+        for name, loop in loops.items():
+            self.run_worker(
+                loop, name=name, group=name, thread=True, exclusive=True, exit_on_error=False
+            )
+        self.feed.start()
+        if self.replay:
             self.set_interval(0.1, self._replay_tick)
         self.set_interval(1 / self.fps, self._frame)
         self._frame(force=True)
@@ -137,12 +132,11 @@ class FleetApp(App[int]):
     # --- data in -----------------------------------------------------------------------------
 
     def on_feed_ready(self, _: FeedReady) -> None:
-        self.state.absorb(self.inbox.drain())
+        self.fleet.absorb(self.inbox.drain())
         self._dirty = True
 
     def _replay_tick(self) -> None:
-        self.feed.tick(0.1)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.tick(0.1))
 
     def _frame(self, force: bool = False) -> None:
         """Redraw if anything changed (and once a second for ages and countdowns)."""
@@ -152,16 +146,16 @@ class FleetApp(App[int]):
         self._last_now = now
         self._dirty = False
         self.frames += 1
-        self.header.info = self.state.header()
-        self.table.show(self.state, now)
-        version = self.state.loss.version + self.state.evals.version * 1_000_003
+        self.header.info = snapshot.header(self.fleet)
+        self.table.show(self.fleet, now)
+        version = self.fleet.loss.version + self.fleet.evals.version * 1_000_003
         if version != self._last_chart:
             self._last_chart = version
-            self.chart.set_series(self.state.loss.all(), self.state.evals.all())
-        self.log_view.add(list(self.state.log_lines))
+            self.chart.set_series(self.fleet.loss.all(), self.fleet.evals.all())
+        self.log_view.add(list(self.fleet.log_lines))
         top = self.screen_stack[-1] if self.screen_stack else None
         if isinstance(top, RankDetailScreen):
-            top.show(self.state, now)
+            top.show(self.fleet, now)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -170,24 +164,24 @@ class FleetApp(App[int]):
         problem = "" if not self.read_only else "this console is read-only"
         problem = problem or self.feed.control_problem
         if problem:
-            self.state.log(f"✗ {what}: not sent: {problem}", "error")
+            self.fleet.log(f"✗ {what}: not sent: {problem}", "error")
             self.notify(problem, title=f"{what} not sent", severity="warning")
             self._frame(force=True)
             return True
         return False
 
-    def _confirm_then_send(self, cmd: str, title: str, body: str, args: dict | None = None) -> None:
+    def _confirm_then_send(self, cmd: str) -> None:
         if self._refuse(cmd):
             return
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.send_command(cmd, args or {})
+                self.send_command(cmd, {})
             else:
-                self.state.log(f"{cmd}: cancelled", "info")
+                self.fleet.log(f"{cmd}: cancelled", "info")
                 self._dirty = True
 
-        self.push_screen(ConfirmScreen(title, body, yes=cmd.capitalize()), answered)
+        self.push_screen(ConfirmScreen.before(cmd), answered)
 
     @work(thread=True, group="command", exit_on_error=False)
     def send_command(self, cmd: str, args: dict[str, Any]) -> None:
@@ -200,69 +194,48 @@ class FleetApp(App[int]):
             self.post_message(CommandSent(id, cmd, args))
 
     def on_command_sent(self, msg: CommandSent) -> None:
-        self.state.command_sent(msg.id, msg.cmd, msg.args)
+        self.fleet.command_sent(msg.id, msg.cmd, msg.args)
         self._frame(force=True)
         if msg.cmd == self._exit_after_send:
             self.exit(0)
 
     def on_command_failed(self, msg: CommandFailed) -> None:
         self._exit_after_send = None  # stay: the operator must see that the stop did not go
-        self.state.log(f"✗ {msg.cmd}: not sent: {msg.error}", "error")
+        self.fleet.log(f"✗ {msg.cmd}: not sent: {msg.error}", "error")
         self.notify(msg.error, title=f"{msg.cmd} not sent", severity="error")
         self._frame(force=True)
 
     def action_checkpoint(self) -> None:
-        self._confirm_then_send(
-            "checkpoint",
-            "Checkpoint now?",
-            "Every rank saves at the next update boundary; training goes on.",
-        )
+        self._confirm_then_send("checkpoint")
 
     def action_pause(self) -> None:
-        if self.state.paused:
-            self._confirm_then_send(
-                "resume", "Resume the run?", "Training continues from where it paused."
-            )
-        else:
-            self._confirm_then_send(
-                "pause",
-                "Pause the run?",
-                "Every rank stops at the next update boundary and waits (press p again to resume).",
-            )
+        self._confirm_then_send("resume" if self.fleet.paused else "pause")
 
     def action_stop(self) -> None:
-        self._confirm_then_send(
-            "stop",
-            "Stop the run?",
-            "The run checkpoints at the next update boundary, then every rank exits. "
-            "It can be resumed from that checkpoint.",
-        )
+        self._confirm_then_send("stop")
 
     def action_rebalance(self) -> None:
         if self._refuse("rebalance"):
             return
-        split = self.state.current_split()
-        if any(b is None for b in split):
-            self.state.log("rebalance: not every rank has reported its batch yet", "warning")
+        split = self.fleet.split()
+        if split is None:
+            self.fleet.log("rebalance: not every rank has reported its batch yet", "warning")
             self._frame(force=True)
             return
-        proposal, models, why = self.state.proposal(HEADROOM)
-        hosts = [v.host for v in self.state.ranks]
+        prop, models, why = snapshot.proposal(self.fleet, HEADROOM)
+        hosts = [v.host for v in self.fleet.ranks]
 
         def chosen(new: list[int] | None) -> None:
             if new is None:
-                self.state.log("rebalance: cancelled", "info")
+                self.fleet.log("rebalance: cancelled", "info")
                 self._dirty = True
             else:
                 self.send_command("rebalance", {"split": new})
 
-        self.push_screen(
-            RebalanceScreen(split, proposal, models, why, hosts, HEADROOM),  # type: ignore[arg-type]
-            chosen,
-        )
+        self.push_screen(RebalanceScreen(split, prop, models, why, hosts, HEADROOM), chosen)
 
     def action_quit_console(self) -> None:
-        if not self.demo or self.state.stopped:
+        if not self.demo or self.fleet.stopped:
             self.exit(0)
             return
 
@@ -278,35 +251,40 @@ class FleetApp(App[int]):
         self.push_screen(QuitScreen(), chosen)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(replay=self.feed.replay))
+        self.push_screen(HelpScreen(replay=self.replay))
 
     def on_rank_selected(self, msg: RankSelected) -> None:
         screen = RankDetailScreen(msg.rank)
-        screen.show(self.state, self.clock())
+        screen.show(self.fleet, self.clock())
         self.push_screen(screen)
 
-    # --- replay ------------------------------------------------------------------------------
+    # --- replay and links ------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in REPLAY:
-            return self.feed.replay
-        return not (action in CONTROL and self.feed.replay)
+        return self.replay if action in REPLAY else not (self.replay and action in LIVE)
+
+    def _play(self, control: Callable[[Playback], None]) -> None:
+        if playback := self.feed.playback:  # (the replay keys are off otherwise)
+            control(playback)
+            self.header.badges = (playback.badge(),)
 
     def action_replay_toggle(self) -> None:
-        self.feed.toggle()  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.toggle())
 
     def action_replay_step(self) -> None:
-        self.feed.step()  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.step())
 
     def action_replay_faster(self) -> None:
-        self.feed.speed = min(256.0, self.feed.speed * 2)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.faster())
 
     def action_replay_slower(self) -> None:
-        self.feed.speed = max(0.25, self.feed.speed / 2)  # type: ignore[attr-defined]
-        self._update_replay_badge()
+        self._play(lambda p: p.slower())
 
-    def _update_replay_badge(self) -> None:
-        self.header.badges = (self.feed.badge(),)  # type: ignore[attr-defined]
+    def action_reconnect(self) -> None:
+        down = [str(v.rank) for v in self.fleet.ranks if v.phase not in UP]
+        if not down:
+            self.fleet.log("reconnect: every link is up", "info")
+        else:
+            self.feed.reconnect()
+            self.fleet.log(f"reconnect: rank {', '.join(down)} trying again now", "info")
+        self._frame(force=True)

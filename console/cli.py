@@ -102,12 +102,12 @@ def _console(args: argparse.Namespace) -> int:
     if args.once:
         from console import once
 
-        state = once.gather(feed, timeout=args.timeout)
+        fleet = once.reach(feed, timeout=args.timeout)
         if args.json:
-            once.print_json(state, sys.stdout)
+            once.print_json(fleet, sys.stdout)
         else:
-            once.print_table(state)
-        bad = once.unreachable(state)
+            once.print_table(fleet)
+        bad = once.unreachable(fleet)
         for line in bad:
             print(f"fleet console: cannot reach {line}", file=sys.stderr)
         return 1 if bad else 0
@@ -119,7 +119,8 @@ def _console(args: argparse.Namespace) -> int:
 def build_feed(args: argparse.Namespace):
     """The live feed the arguments describe (SSH for --hostfile, TCP for --local)."""
     from console import hostfile
-    from console.links import LiveFeed, TCPConnector
+    from console.connectors import TCPConnector
+    from console.live import LiveFeed
 
     if args.local:
         if args.n < 1:
@@ -127,7 +128,7 @@ def build_feed(args: argparse.Namespace):
         targets = hostfile.local_targets(args.n, args.port_base)
         connector = TCPConnector()
     else:
-        from console.links import SSHConnector
+        from console.connectors import SSHConnector
 
         targets = hostfile.rank_targets(hostfile.load_hostfile(args.hostfile), args.port_base)
         connector = SSHConnector(_ssh_pool(args))
@@ -194,18 +195,18 @@ def _replay(args: argparse.Namespace) -> int:
     if args.once:
         from console import once
         from console.feed import Inbox
-        from console.state import FleetState
+        from console.fleet import Fleet
 
-        state = FleetState(feed.targets, clock=lambda: feed.clock)
+        fleet = Fleet(feed.targets, clock=lambda: feed.clock)
         inbox = Inbox()
         feed.attach(inbox)
         feed.start()
         feed.finish()
-        state.absorb(inbox.drain())
+        fleet.absorb(inbox.drain())
         if args.json:
-            once.print_json(state, sys.stdout)
+            once.print_json(fleet, sys.stdout)
         else:
-            once.print_table(state)
+            once.print_table(fleet)
         return 0
     from console.app import FleetApp
 

@@ -173,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
 
     # --- the console
     from console.app import FleetApp
+    from console.connectors import TCPConnector
     from console.hostfile import local_targets
-    from console.links import LiveFeed, TCPConnector
+    from console.live import LiveFeed
 
     feed = LiveFeed(local_targets(WORLD, args.port_base), TCPConnector(), run_dir=str(run_dir))
     app = FleetApp(feed, demo=True)

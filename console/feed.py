@@ -1,4 +1,7 @@
-"""The hand-off from link threads to the UI thread: a coalescing inbox, and what a feed is."""
+"""What a feed is (live links, a replay), and the coalescing inbox it hands records through.
+
+Link threads fill the inbox; the UI thread drains it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from console.hostfile import RankTarget
-from console.links import LinkStatus
+from console.model import LinkSink, LinkStatus
 from telemetry.records import Message
 
 INBOX_LIMIT = 100_000  # items; beyond this the UI is hopelessly behind and the oldest go
@@ -17,7 +20,7 @@ INBOX_LIMIT = 100_000  # items; beyond this the UI is hopelessly behind and the 
 class Inbox:
     """Thread-safe queue of link reports; `notify` fires only when it goes from empty to not.
 
-    Link threads call `link_state` / `link_message`; the UI thread calls `drain`. However many
+    Link threads call `link_status` / `link_message`; the UI thread calls `drain`. However many
     records arrive between two drains, the UI is woken once.
     """
 
@@ -38,7 +41,7 @@ class Inbox:
         if wake and self.notify is not None:
             self.notify()
 
-    def link_state(self, status: LinkStatus) -> None:
+    def link_status(self, status: LinkStatus) -> None:
         self._put(status.rank, status)
 
     def link_message(self, rank: int, message: Message) -> None:
@@ -52,21 +55,61 @@ class Inbox:
         return items
 
 
+class Playback(Protocol):
+    """A replay's transport: what space, n, + and - drive."""
+
+    def tick(self, dt: float) -> None:
+        """Advance by `dt` wall seconds (scaled by the speed), when playing."""
+        ...
+
+    def toggle(self) -> None: ...
+
+    def step(self) -> None:
+        """Deliver up to the next update, then pause."""
+        ...
+
+    def faster(self) -> None: ...
+
+    def slower(self) -> None: ...
+
+    def badge(self) -> str:
+        """The header's badge: "REPLAY 2x 40%"."""
+        ...
+
+
 class Feed(Protocol):
-    """What the app reads from: live links, a replay, or a test's fake."""
+    """What the app reads from: live links, a replay, or a test's fake; it never asks which."""
 
     targets: list[RankTarget]
-    replay: bool
 
-    def attach(self, sink: Inbox) -> None: ...
+    @property
+    def playback(self) -> Playback | None:
+        """A replay's transport; None when live (then the replay keys are off)."""
+        ...
 
     @property
     def control_problem(self) -> str:
         """Why this console cannot send commands, or ""."""
         ...
 
+    def attach(self, sink: LinkSink) -> None:
+        """Where to report link phases and messages (before `loops` and `start`)."""
+        ...
+
+    def loops(self) -> dict[str, Callable[[], None]]:
+        """Blocking loops, by name, to run on threads until `close`: one per live link."""
+        ...
+
+    def start(self) -> None:
+        """Begin delivering (once the loops run)."""
+        ...
+
     def send(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a command to rank 0 (blocking; called from a worker thread)."""
+        ...
+
+    def reconnect(self) -> None:
+        """Links that are down try again now (one refused for good waits for this)."""
         ...
 
     def close(self) -> None: ...

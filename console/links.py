@@ -1,162 +1,35 @@
 """One link per rank: connect, read its records, notice silence, reconnect with backoff.
 
 A `RankLink.run` loop is blocking I/O; the app runs each in a thread worker and `--once` in a
-plain thread. The loop reports through a `LinkSink` only (its state changes and every message
+plain thread. The loop reports through a `LinkSink` only (its phase changes and every message
 it reads), so the UI thread never touches a socket. A lost console never disturbs the run: a
 subscriber only reads, and the rank never waits for it.
 
-States::
-
-    connecting -> live <-> stale         (stale: connected, but no record for `stale_after`)
-         ^          |
-         +-- lost <-+                    (lost: dropped; retried with backoff)
-    refused                               (auth, host key, nothing listening: with the reason;
-                                           retried only when retrying can help)
+Its phases are drawn in `console.model`'s docstring; how it reaches the rank is a
+`console.connectors.Connector`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from pathlib import PurePosixPath
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from console.connectors import Connector, LinkRefused
 from console.hostfile import RankTarget
+from console.model import UP, LinkPhase, LinkSink, LinkStatus
 from telemetry.backoff import Backoff
-from telemetry.errors import AuthError, ConnectionLost, TelemetryError
-from telemetry.records import Hello, Message, run_id_of
-
-log = logging.getLogger(__name__)
+from telemetry.errors import ConnectionLost, TelemetryError
+from telemetry.records import Hello
 
 CONNECT_TIMEOUT = 10.0
 RECV_TIMEOUT = 0.5  # how often a quiet link checks for stop and staleness
 STALE_AFTER = 10.0
 
-
-class LinkState(StrEnum):
-    CONNECTING = "connecting"
-    LIVE = "live"
-    STALE = "stale"
-    LOST = "lost"
-    REFUSED = "refused"
-
-
-@dataclass(slots=True)
-class LinkStatus:
-    """A link's state as the UI shows it."""
-
-    rank: int
-    state: LinkState
-    detail: str = ""  # why: the error, or where it is connecting
-    kind: str = ""  # short reason for a narrow column: "auth failed", "host key changed", ...
-    retry_at: float | None = None  # wall time of the next attempt, when one is planned
-    time: float = 0.0
-
-
-class LinkRefused(Exception):
-    """The far side said no; `kind` is a short reason, `retry` whether trying again may help."""
-
-    def __init__(self, message: str, kind: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retry = retry
-
-
-class LinkSink(Protocol):
-    """Where links report; called from link threads."""
-
-    def link_state(self, status: LinkStatus) -> None: ...
-
-    def link_message(self, rank: int, message: Message) -> None: ...
-
-
-class Connector(Protocol):
-    """How to reach ranks: plain loopback TCP (--local) or SSH channels."""
-
-    def open(self, target: RankTarget, timeout: float) -> Any:
-        """A connected socket-like (recv/sendall/settimeout/close); LinkRefused or OSError."""
-        ...
-
-    def describe(self, target: RankTarget) -> str: ...
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        """The control key from `run_dir` on the target's host; AuthError with the reason."""
-        ...
-
-    def close(self) -> None: ...
-
-
-# --- connectors --------------------------------------------------------------------------------
-
-
-class TCPConnector:
-    """Ranks on this machine: TCP to 127.0.0.1:port, key read from the local run folder."""
-
-    def open(self, target: RankTarget, timeout: float) -> socket.socket:
-        try:
-            sock = socket.create_connection(("127.0.0.1", target.port), timeout=timeout)
-        except ConnectionRefusedError:
-            raise LinkRefused(
-                f"nothing listening on 127.0.0.1:{target.port}", "nothing listening"
-            ) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-
-    def describe(self, target: RankTarget) -> str:
-        return f"127.0.0.1:{target.port}"
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        from telemetry.auth import read_key
-
-        return read_key(run_dir)
-
-    def close(self) -> None:
-        pass
-
-
-class SSHConnector:
-    """Ranks behind SSH: a direct-tcpip channel per rank over one connection per host."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool  # console.ssh.SSHPool; untyped so this module does not import paramiko
-
-    def open(self, target: RankTarget, timeout: float) -> Any:
-        from console.ssh import SSHError
-
-        try:
-            return self.pool.open_forward(target.host, target.port, timeout=timeout)
-        except SSHError as e:
-            raise LinkRefused(str(e), e.kind, e.retry) from None
-
-    def describe(self, target: RankTarget) -> str:
-        return f"{target.host} → 127.0.0.1:{target.port}"
-
-    def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
-        from console.ssh import SSHError
-        from telemetry.auth import KEY_BYTES, KEY_FILE
-
-        path = str(PurePosixPath(run_dir) / KEY_FILE)
-        try:
-            data = self.pool.read_file(target.host, path, private=True)
-        except (SSHError, OSError) as e:
-            raise AuthError(f"cannot read the control key {target.host}:{path}: {e}") from None
-        if len(data) != KEY_BYTES:
-            raise AuthError(
-                f"control key {target.host}:{path} holds {len(data)} bytes, expected {KEY_BYTES}"
-            )
-        return data
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-# --- one rank's link ---------------------------------------------------------------------------
+# console/bench.py (leaving the package on another branch) still imports the old name here.
+LinkState = LinkPhase
 
 
 def _default_client(sock: Any, key: bytes | None, timeout: float, peer: str = "") -> Any:
@@ -191,7 +64,7 @@ class RankLink:
         self.client_factory = client_factory
         self.clock = clock
         self.key: bytes | None = None
-        self.state = LinkState.CONNECTING
+        self.phase = LinkPhase.CONNECTING
         self.hello: Hello | None = None
         self._client: Any = None
         self._send_lock = threading.Lock()
@@ -203,12 +76,12 @@ class RankLink:
         return self.target.rank
 
     def _set(
-        self, state: LinkState, detail: str = "", kind: str = "", retry_in: float | None = None
+        self, phase: LinkPhase, detail: str = "", kind: str = "", retry_in: float | None = None
     ) -> None:
-        self.state = state
+        self.phase = phase
         now = self.clock()
         retry_at = None if retry_in is None else now + retry_in
-        self.sink.link_state(LinkStatus(self.rank, state, detail, kind, retry_at, now))
+        self.sink.link_status(LinkStatus(self.rank, phase, detail, kind, retry_at, now))
 
     def stopped(self) -> bool:
         return self._stop.is_set()
@@ -222,7 +95,7 @@ class RankLink:
             _close(client)  # from another thread this may race the reader; harmless
 
     def retry_now(self) -> None:
-        """Cut a backoff wait short (the operator asked to reconnect)."""
+        """Cut the wait before the next attempt short (the operator pressed l)."""
         self.backoff.reset()
         self._wake.set()
 
@@ -230,10 +103,12 @@ class RankLink:
         """The loop: blocks until `stop()` (or `should_stop()` turns true)."""
         done = (lambda: self.stopped() or should_stop()) if should_stop else self.stopped
         while not done():
+            # Cleared before the attempt, not after: a retry_now() that lands while it fails
+            # (the operator saw "refused" and pressed l at once) still cuts the wait short.
+            self._wake.clear()
             delay = self._session(done)
             if done():
                 break
-            self._wake.clear()
             if delay is None:  # refused for good: wait for retry_now() or stop
                 while not done() and not self._wake.wait(1.0):
                     pass
@@ -242,20 +117,20 @@ class RankLink:
                 while not done() and (left := deadline - time.monotonic()) > 0:
                     if self._wake.wait(min(left, 1.0)):
                         break
-        self._set(LinkState.LOST, "console closed")
+        self._set(LinkPhase.LOST, "console closed")
 
     def _session(self, done: Callable[[], bool]) -> float | None:
         """Connect and read until the link drops; return the delay before retrying (None: never)."""
-        self._set(LinkState.CONNECTING, self.connector.describe(self.target))
+        self._set(LinkPhase.CONNECTING, self.connector.describe(self.target))
         try:
             sock = self.connector.open(self.target, self.connect_timeout)
         except LinkRefused as e:
             delay = self.backoff.next() if e.retry else None
-            self._set(LinkState.REFUSED, str(e), e.kind, delay)
+            self._set(LinkPhase.REFUSED, str(e), e.kind, delay)
             return delay
         except (OSError, TelemetryError) as e:
             delay = self.backoff.next()
-            self._set(LinkState.LOST, _why(e), "unreachable", delay)
+            self._set(LinkPhase.LOST, _why(e), "unreachable", delay)
             return delay
         try:
             client = self.client_factory(
@@ -264,14 +139,14 @@ class RankLink:
         except (OSError, TelemetryError, EOFError) as e:
             _close(sock)
             delay = self.backoff.next()
-            self._set(LinkState.LOST, f"no hello: {_why(e)}", "no hello", delay)
+            self._set(LinkPhase.LOST, f"no hello: {_why(e)}", "no hello", delay)
             return delay
         hello = client.hello
         if hello.rank != self.rank:
             _close(client)
             delay = self.backoff.next()
             self._set(
-                LinkState.REFUSED,
+                LinkPhase.REFUSED,
                 f"{self.connector.describe(self.target)} serves rank {hello.rank} of run "
                 f"{hello.run_id}, not rank {self.rank}: check --port-base and the hostfile order",
                 "wrong rank",
@@ -284,18 +159,18 @@ class RankLink:
             _close(client)
             return 0.0
         self.sink.link_message(self.rank, hello)
-        self._set(LinkState.LIVE, self.connector.describe(self.target))
+        self._set(LinkPhase.LIVE, self.connector.describe(self.target))
         last = time.monotonic()
         try:
             while not done():
                 msg = client.recv(timeout=self.recv_timeout)
                 now = time.monotonic()
                 if msg is None:
-                    if self.state is LinkState.LIVE and now - last > self.stale_after:
-                        self._set(LinkState.STALE, f"no record for {self.stale_after:.0f} s")
+                    if self.phase is LinkPhase.LIVE and now - last > self.stale_after:
+                        self._set(LinkPhase.STALE, f"no record for {self.stale_after:.0f} s")
                     continue
-                if self.state is not LinkState.LIVE:
-                    self._set(LinkState.LIVE, self.connector.describe(self.target))
+                if self.phase is not LinkPhase.LIVE:
+                    self._set(LinkPhase.LIVE, self.connector.describe(self.target))
                     self.backoff.reset()
                 last = now
                 self.sink.link_message(self.rank, msg)
@@ -303,7 +178,7 @@ class RankLink:
             if done():
                 return 0.0
             delay = self.backoff.next()
-            self._set(LinkState.LOST, _why(e), "lost", delay)
+            self._set(LinkPhase.LOST, _why(e), "lost", delay)
             return delay
         finally:
             self._client = None
@@ -313,8 +188,8 @@ class RankLink:
     def send_command(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a signed command on this link; returns its id (the reply comes through the sink)."""
         client = self._client
-        if client is None or self.state not in (LinkState.LIVE, LinkState.STALE):
-            raise ConnectionLost(f"rank {self.rank} link is {self.state.value}")
+        if client is None or self.phase not in UP:
+            raise ConnectionLost(f"rank {self.rank} link is {self.phase.value}")
         with self._send_lock:
             if self.key is not None:
                 client.key = self.key  # the key may have been fetched after this link connected
@@ -329,106 +204,3 @@ def _why(e: BaseException) -> str:
 def _close(obj: Any) -> None:
     with contextlib.suppress(Exception):  # best effort: the peer may be gone already
         obj.close()
-
-
-# --- the whole fleet's links -------------------------------------------------------------------
-
-
-class LiveFeed:
-    """Every rank's link plus the control key; the app and `--once` both drive this."""
-
-    replay = False
-
-    def __init__(
-        self,
-        targets: Sequence[RankTarget],
-        connector: Connector,
-        *,
-        run_dir: str | None = None,
-        read_only: bool = False,
-        link_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.targets = list(targets)
-        self.connector = connector
-        self.run_dir = run_dir
-        self.read_only = read_only
-        self.sink: LinkSink | None = None
-        self.links = [RankLink(t, connector, self, **(link_options or {})) for t in self.targets]
-        self._key_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self.wrong_run = ""  # set when rank 0 turns out to serve another run than --run-dir
-
-    # LinkSink: links report here, the feed forwards to whoever attached.
-    def link_state(self, status: LinkStatus) -> None:
-        if self.sink is not None:
-            self.sink.link_state(status)
-
-    def link_message(self, rank: int, message: Message) -> None:
-        if rank == 0 and isinstance(message, Hello):
-            self.wrong_run = self.check_run(message.run_id)
-        if self.sink is not None:
-            self.sink.link_message(rank, message)
-
-    def check_run(self, served: str) -> str:
-        """Why rank 0's run is not the one in --run-dir, or "" (then commands may go).
-
-        On this machine the whole id is known; on another host only the folder's name is
-        (the id's hash is of the absolute path there).
-        """
-        if not self.run_dir:
-            return ""
-        if isinstance(self.connector, TCPConnector):
-            expected = run_id_of(self.run_dir)
-            if served == expected:
-                return ""
-        else:
-            name = PurePosixPath(self.run_dir.rstrip("/")).name
-            if served.rsplit("-", 1)[0] == name:
-                return ""
-            expected = f"{name}-…"
-        return (
-            f"rank 0 serves run {served}, but --run-dir {self.run_dir} is run {expected}: "
-            "commands are off (check --port-base)"
-        )
-
-    def attach(self, sink: LinkSink) -> None:
-        self.sink = sink
-
-    @property
-    def control_problem(self) -> str:
-        """Why commands cannot be sent from this console, or ""."""
-        if self.read_only:
-            return "this console is read-only (--read-only)"
-        if self.run_dir is None:
-            return "no --run-dir given, so no control key: commands are off"
-        return self.wrong_run
-
-    def start_threads(self) -> None:
-        """Run every link on a daemon thread (for use without the app)."""
-        for link in self.links:
-            t = threading.Thread(target=link.run, name=f"link-{link.rank}", daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def ensure_key(self) -> bytes:
-        """The control key, fetched once (over SFTP for SSH); AuthError with the reason."""
-        if problem := self.control_problem:
-            raise AuthError(problem)
-        link0 = self.links[0]
-        with self._key_lock:
-            if link0.key is None:
-                assert self.run_dir is not None
-                link0.key = self.connector.read_control_key(self.targets[0], self.run_dir)
-            return link0.key
-
-    def send(self, cmd: str, args: dict[str, Any] | None = None) -> int:
-        """Send a command to rank 0 (blocking: call from a worker); returns the command id."""
-        self.ensure_key()
-        return self.links[0].send_command(cmd, args)
-
-    def close(self) -> None:
-        for link in self.links:
-            link.stop()
-        self.connector.close()
-        for t in self._threads:
-            t.join(timeout=2.0)

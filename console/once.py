@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import IO, Any
+from typing import IO
 
 from rich import box
 from rich.console import Console
@@ -18,15 +18,20 @@ from rich.text import Text
 
 from console import fmt, render
 from console.feed import Inbox
-from console.links import LinkState, LinkStatus
-from console.state import FleetState
+from console.fleet import Fleet, RankView
+from console.live import LiveFeed
+from console.model import LinkPhase
+from console.snapshot import header, snapshot
 
 SETTLE_S = 2.0  # after every rank said hello, how long to wait for their first update
 
 
-def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
-    """Run the feed's links until each rank has sent an update, or `timeout` passes."""
-    state = FleetState(feed.targets, clock=clock)
+def reach(feed: LiveFeed, timeout: float = 15.0, clock=time.time) -> Fleet:
+    """Run the feed's links until each rank has sent an update, or `timeout` passes.
+
+    (`console.gather` is another thing: it copies the ranks' log files.)
+    """
+    fleet = Fleet(feed.targets, clock=clock)
     woke = threading.Event()
     inbox = Inbox(notify=woke.set)
     feed.attach(inbox)
@@ -37,11 +42,11 @@ def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
         while True:
             woke.wait(0.1)
             woke.clear()
-            state.absorb(inbox.drain())
+            fleet.absorb(inbox.drain())
             now = time.monotonic()
-            if all(v.last is not None or _refused_for_good(v.link) for v in state.ranks):
+            if all(v.last is not None or _refused_for_good(v) for v in fleet.ranks):
                 break
-            if all(v.hello is not None or _refused_for_good(v.link) for v in state.ranks):
+            if all(v.hello is not None or _refused_for_good(v) for v in fleet.ranks):
                 all_hello_at = all_hello_at or now
                 if now - all_hello_at > SETTLE_S:
                     break
@@ -50,17 +55,17 @@ def gather(feed: Any, timeout: float = 15.0, clock=time.time) -> FleetState:
     finally:
         feed.close()
     # Links report "lost: console closed" as they stop; drain so that does not count.
-    return state
+    return fleet
 
 
-def _refused_for_good(status: LinkStatus | None) -> bool:
-    return status is not None and status.state is LinkState.REFUSED and status.retry_at is None
+def _refused_for_good(view: RankView) -> bool:
+    return view.link is not None and view.link.refused_for_good
 
 
-def unreachable(state: FleetState) -> list[str]:
+def unreachable(fleet: Fleet) -> list[str]:
     """One line per rank that never said hello, with the last reason known."""
     out = []
-    for v in state.ranks:
+    for v in fleet.ranks:
         if v.hello is None:
             why = v.link.detail if v.link and v.link.detail else "no answer"
             kind = f"{v.link.kind}: " if v.link and v.link.kind and v.link.kind not in why else ""
@@ -68,16 +73,16 @@ def unreachable(state: FleetState) -> list[str]:
     return out
 
 
-def print_json(state: FleetState, out: IO[str]) -> None:
-    snap = state.snapshot()
-    snap["unreachable"] = unreachable(state)
+def print_json(fleet: Fleet, out: IO[str]) -> None:
+    snap = snapshot(fleet)
+    snap["unreachable"] = unreachable(fleet)
     json.dump(snap, out, indent=2, default=str)
     out.write("\n")
 
 
-def table(state: FleetState) -> Table:
+def table(fleet: Fleet) -> Table:
     """A rich table of the fleet, for terminals and logs."""
-    h = state.header()
+    h = header(fleet)
     title = (
         f"{h.run_id or '(no run)'} · {h.status} · step {h.step:,} · {fmt.count(h.tokens)} tokens · "
         f"{fmt.count(h.tokens_per_s)} tok/s · update {fmt.secs(h.update_s)} · "
@@ -104,12 +109,12 @@ def table(state: FleetState) -> Table:
         ("link", "left"),
     ]:
         t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    scale = max((v.last.update_s for v in state.ranks if v.last), default=None)
+    scale = max((v.last.update_s for v in fleet.ranks if v.last), default=None)
     strag = h.straggler
-    for v in state.ranks:
+    for v in fleet.ranks:
         u = v.last
-        link = render.link_text(v.link, state.clock())
-        if v.hello is not None and v.state is LinkState.LOST:
+        link = render.link_text(v.link, fleet.clock())
+        if v.hello is not None and v.phase is LinkPhase.LOST:
             link = Text("● reached", "green")  # the snapshot is taken; the link was closed by us
         t.add_row(
             Text(
@@ -127,8 +132,8 @@ def table(state: FleetState) -> Table:
     return t
 
 
-def print_table(state: FleetState, out: IO[str] | None = None) -> None:
+def print_table(fleet: Fleet, out: IO[str] | None = None) -> None:
     console = Console(file=out, highlight=False)
-    console.print(table(state))
-    if state.header().straggler is not None:
-        console.print(f"» rank {state.header().straggler} is the straggler")
+    console.print(table(fleet))
+    if (slow := header(fleet).straggler) is not None:
+        console.print(f"» rank {slow} is the straggler")

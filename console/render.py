@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from console import fmt
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkStatus
 from telemetry.records import Update
 
 COMPUTE, WAIT, OTHER = "█", "░", "▒"
@@ -114,26 +114,26 @@ SHORT_KIND = {
 }
 
 LINK_STYLE = {
-    LinkState.LIVE: ("●", "green"),
-    LinkState.STALE: ("◐", "yellow"),
-    LinkState.CONNECTING: ("◌", STYLE_DIM),
-    LinkState.LOST: ("○", "red"),
-    LinkState.REFUSED: ("✗", "bold red"),
+    LinkPhase.LIVE: ("●", "green"),
+    LinkPhase.STALE: ("◐", "yellow"),
+    LinkPhase.CONNECTING: ("◌", STYLE_DIM),
+    LinkPhase.LOST: ("○", "red"),
+    LinkPhase.REFUSED: ("✗", "bold red"),
 }
 
 
 def link_text(status: LinkStatus | None, now: float, paused: bool = False) -> Text:
     """`● live`, `◐ stale`, `○ lost 3s` (next retry), `✗ auth failed`."""
-    state = status.state if status else LinkState.CONNECTING
-    mark, style = LINK_STYLE[state]
-    label = state.value
-    if state is LinkState.STALE and paused:
+    phase = status.phase if status else LinkPhase.CONNECTING
+    mark, style = LINK_STYLE[phase]
+    label = phase.value
+    if phase is LinkPhase.STALE and paused:
         mark, style, label = "●", "green", "idle"  # a paused run sends nothing: not a fault
-    elif state is LinkState.REFUSED and status is not None:
+    elif phase is LinkPhase.REFUSED and status is not None:
         label = SHORT_KIND.get(status.kind, status.kind)[:11] if status.kind else "refused"
-    elif state is LinkState.LOST and status is not None and status.retry_at is not None:
+    elif phase is LinkPhase.LOST and status is not None and status.retry_at is not None:
         label = f"lost {fmt.duration(max(0.0, status.retry_at - now))}"
-    elif state is LinkState.CONNECTING:
+    elif phase is LinkPhase.CONNECTING:
         label = "connecting"
     return Text(f"{mark} {label}", style=style)
 

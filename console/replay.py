@@ -7,17 +7,18 @@ Records are played in the order they were written, against a replay clock; long 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from console.feed import Inbox
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkSink, LinkStatus
 from telemetry import arrowlog
 from telemetry.errors import TelemetryError
 from telemetry.records import Event, Hello, Message, Update
 
 MAX_GAP_S = 2.0
+MIN_SPEED, MAX_SPEED = 0.25, 256.0  # playback speeds, halved or doubled by - and +
 
 
 class ReplayError(ValueError):
@@ -78,9 +79,11 @@ def _run_id(run: Path) -> str:
 
 
 class ReplayFeed:
-    """A feed that plays logged records into the app, under the operator's control."""
+    """A feed that plays logged records into the app, under the operator's control.
 
-    replay = True
+    It is its own `playback` (the transport the replay keys drive).
+    """
+
     control_problem = "replay: the run is not live, commands are off"
 
     def __init__(self, run_dir: str | Path, speed: float = 1.0) -> None:
@@ -98,15 +101,22 @@ class ReplayFeed:
         self.clock = 0.0
         self.speed = speed
         self.playing = True
-        self.sink: Inbox | None = None
+        self.sink: LinkSink | None = None
 
-    def attach(self, sink: Inbox) -> None:
+    @property
+    def playback(self) -> ReplayFeed:
+        return self
+
+    def attach(self, sink: LinkSink) -> None:
         self.sink = sink
+
+    def loops(self) -> dict[str, Callable[[], None]]:
+        return {}  # played from the app's timer (`tick`), not from threads
 
     def start(self) -> None:
         assert self.sink is not None
         for h in self.hellos:
-            self.sink.link_state(LinkStatus(h.rank, LinkState.LIVE, "replay"))
+            self.sink.link_status(LinkStatus(h.rank, LinkPhase.LIVE, "replay"))
             self.sink.link_message(h.rank, h)
 
     def _deliver(self, upto: int) -> None:
@@ -143,6 +153,12 @@ class ReplayFeed:
     def toggle(self) -> None:
         self.playing = not self.playing
 
+    def faster(self) -> None:
+        self.speed = min(MAX_SPEED, self.speed * 2)
+
+    def slower(self) -> None:
+        self.speed = max(MIN_SPEED, self.speed / 2)
+
     def finish(self) -> None:
         self._deliver(len(self.timeline))
 
@@ -157,6 +173,9 @@ class ReplayFeed:
 
     def send(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         raise TelemetryError(self.control_problem)
+
+    def reconnect(self) -> None:
+        pass  # nothing to connect to
 
     def close(self) -> None:
         pass

@@ -64,7 +64,7 @@ class SSHConfigError(SSHError):
     retry = False
 
 
-class Unreachable(SSHError):
+class HostUnreachable(SSHError):
     """No SSH connection could be made, or it dropped: worth retrying."""
 
     kind = "unreachable"
@@ -125,7 +125,7 @@ class HostSettings:
     accept_new: bool = False
 
 
-def resolve(
+def host_settings(
     alias: str, options: SSHOptions, config: paramiko.SSHConfig | None = None
 ) -> HostSettings:
     """Apply the ssh config to a host alias, as `ssh -G alias` would."""
@@ -240,7 +240,7 @@ class SSHPool:
     def settings(self, alias: str) -> HostSettings:
         if self._config is None:
             self._config = self.options.ssh_config()
-        return resolve(alias, self.options, self._config)
+        return host_settings(alias, self.options, self._config)
 
     def _host_lock(self, host: str) -> threading.Lock:
         with self._lock:
@@ -250,7 +250,7 @@ class SSHPool:
         """The live client for `host`, connecting (or reconnecting) if needed."""
         with self._host_lock(host):
             if self._closed:
-                raise Unreachable(f"{host}: console is closing")
+                raise HostUnreachable(f"{host}: console is closing")
             if host in self._refused:
                 raise self._refused[host]
             conn = self._conns.get(host)
@@ -300,7 +300,7 @@ class SSHPool:
             raise ForwardRefused(f"{host}: nothing listening on 127.0.0.1:{port}") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             self.forget(host)
-            raise Unreachable(f"{host}: connection dropped: {e or type(e).__name__}") from None
+            raise HostUnreachable(f"{host}: connection dropped: {e or type(e).__name__}") from None
 
     @contextlib.contextmanager
     def _sftp(self, host: str, path: str, verb: str) -> Iterator[paramiko.SFTPClient]:
@@ -316,7 +316,7 @@ class SSHPool:
             raise PermissionError(str(e) if too_open else f"{host}:{path} cannot be read") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             self.forget(host)
-            raise Unreachable(f"{host}: cannot {verb} {path}: {e}") from None
+            raise HostUnreachable(f"{host}: cannot {verb} {path}: {e}") from None
 
     def read_file(self, host: str, path: str, *, private: bool = False) -> bytes:
         """A small file from `host` over SFTP; `~/` and relative paths are under the home.
@@ -415,7 +415,7 @@ class SSHPool:
                 "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=self.options.connect_timeout
             )
         except (paramiko.SSHException, OSError) as e:
-            raise Unreachable(f"{alias}: jump host cannot reach {host}:{port}: {e}") from None
+            raise HostUnreachable(f"{alias}: jump host cannot reach {host}:{port}: {e}") from None
 
     def _open_client(self, s: HostSettings, sock) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -464,7 +464,7 @@ class SSHPool:
             ) from None
         except (TimeoutError, paramiko.SSHException, OSError, EOFError) as e:
             client.close()
-            raise Unreachable(f"{where}: {e or type(e).__name__}") from None
+            raise HostUnreachable(f"{where}: {e or type(e).__name__}") from None
         transport = client.get_transport()
         if transport is not None and self.options.keepalive_s > 0:
             transport.set_keepalive(int(self.options.keepalive_s))

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkStatus
 from telemetry.records import Event, Hello, Message, Reply, Update
 
 GiB = 2**30
@@ -17,7 +17,7 @@ HOSTS = ["studio", "mini-1", "mini-2", "air"]
 
 def log_text(app) -> str:
     """The console's event log as plain text."""
-    return "\n".join(line.text for line in app.state.log_lines)
+    return "\n".join(line.text for line in app.fleet.log_lines)
 
 
 async def until(pilot, pred, timeout: float = 30.0) -> None:
@@ -116,7 +116,7 @@ def straggler_fleet(
 class FakeFeed:
     """A feed the test pushes messages into; commands are recorded and answered on request."""
 
-    replay = False
+    playback = None
 
     def __init__(self, n: int = 4, *, control_problem: str = "", auto_reply: bool = True) -> None:
         self.targets = [RankTarget(r, HOSTS[r % len(HOSTS)], 47800 + r) for r in range(n)]
@@ -126,6 +126,7 @@ class FakeFeed:
         self.sent: list[tuple[str, dict]] = []
         self.sent_event = threading.Event()
         self.closed = False
+        self.reconnects = 0
         self._ids = 0
         self.step = 20
 
@@ -136,18 +137,24 @@ class FakeFeed:
     def attach(self, sink: Any) -> None:
         self.sink = sink
 
+    def loops(self) -> dict:
+        return {}  # the test pushes by hand
+
+    def start(self) -> None:
+        pass
+
     def live(self) -> None:
         for t in self.targets:
-            self.sink.link_state(LinkStatus(t.rank, LinkState.LIVE, "fake", time=T0))
+            self.sink.link_status(LinkStatus(t.rank, LinkPhase.LIVE, "fake", time=T0))
 
     def push(self, items: list[tuple[int, Message]]) -> None:
         for rank, msg in items:
             self.sink.link_message(rank, msg)
 
-    def state(
-        self, rank: int, state: LinkState, detail: str = "", kind: str = "", retry_at=None
+    def link(
+        self, rank: int, phase: LinkPhase, detail: str = "", kind: str = "", retry_at=None
     ) -> None:
-        self.sink.link_state(LinkStatus(rank, state, detail, kind, retry_at, T0))
+        self.sink.link_status(LinkStatus(rank, phase, detail, kind, retry_at, T0))
 
     def send(self, cmd: str, args: dict | None = None) -> int:
         self._ids += 1
@@ -160,6 +167,9 @@ class FakeFeed:
                 reply = Reply(self._ids, True, result={"step": self.step + 1})
             self.sink.link_message(0, reply)
         return self._ids
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
 
     def close(self) -> None:
         self.closed = True

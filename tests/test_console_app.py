@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.links import LinkState
+from console.model import LinkPhase
 from console.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -38,7 +38,7 @@ def aio(fn):
 async def started(pilot, feed: FakeFeed, **kw) -> None:
     feed.live()
     feed.push(straggler_fleet(**kw))
-    await until(pilot, lambda: pilot.app.state.step() == 20)
+    await until(pilot, lambda: pilot.app.fleet.step() == 20)
     await pilot.pause(0.2)
 
 
@@ -56,7 +56,7 @@ async def test_panes_show_the_fleet(feed):
         assert header.info.step == 20 and header.info.live == 4
         assert header.info.straggler == 3
         table = app.query_one(RankTable)
-        assert table.state is app.state and table.virtual_size.height == 5
+        assert table.fleet is app.fleet and table.virtual_size.height == 5
         assert "rank 3" in header.render().plain
         assert app.query_one(EventLog).last_seq >= 1
         # More data moves the figures without any key press.
@@ -114,7 +114,7 @@ async def test_pause_key_resumes_a_paused_run(feed):
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, feed)
         feed.push([(0, Event("paused", 0, 20, time=T0 + 50))])
-        await until(pilot, lambda: app.state.paused)
+        await until(pilot, lambda: app.fleet.paused)
         await pilot.press("p", "y")
         await until(pilot, lambda: feed.sent == [("resume", {})])
 
@@ -251,14 +251,27 @@ async def test_lost_and_refused_ranks_show_why(feed):
     app = FleetApp(feed, clock=lambda: T0 + 100)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, feed)
-        feed.state(2, LinkState.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
-        feed.state(1, LinkState.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
-        await until(pilot, lambda: app.state.live_count() == 2)
+        feed.link(2, LinkPhase.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
+        feed.link(1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
+        await until(pilot, lambda: app.fleet.live_count() == 2)
         await pilot.pause(0.2)
         assert app.query_one(RunHeader).info.live == 2
         text = log_text(app)
         assert "rank 2 link lost: connection reset by peer" in text
         assert "rank 1 refused: mini-1: HOST KEY CHANGED" in text
+
+
+@aio
+async def test_l_reconnects_the_links_that_are_down(feed):
+    app = FleetApp(feed, read_only=True)  # reconnecting changes nothing in the run
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        await pilot.press("l")
+        assert feed.reconnects == 0 and "reconnect: every link is up" in log_text(app)
+        feed.link(1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED …", "host key changed")
+        await until(pilot, lambda: app.fleet.live_count() == 3)
+        await pilot.press("l")
+        assert feed.reconnects == 1 and "reconnect: rank 1 trying again now" in log_text(app)
 
 
 @aio
@@ -299,11 +312,11 @@ async def test_replay_app_steps_and_blocks_commands(tmp_path):
         step = None
         for _ in range(30):  # a record already in flight may still land: wait until still
             await pilot.pause(0.1)
-            if app.state.step() == step:
+            if app.fleet.step() == step:
                 break
-            step = app.state.step()
+            step = app.fleet.step()
         await pilot.press("n")
-        await until(pilot, lambda: app.state.step() == step + 1)
+        await until(pilot, lambda: app.fleet.step() == step + 1)
         await pilot.press("plus")
         assert feed.speed == 2.0
         await pilot.press("c", "p", "s")

@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.links import LinkState
+from console.model import LinkPhase
 from tests.console_fakes import T0, FakeFeed, straggler_fleet
 
 
@@ -32,7 +32,7 @@ def fleet_app(**kw):
     async def fill(pilot):
         feed.live()
         feed.push(straggler_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 3), **kw))
-        while app.state.step() < 20:
+        while app.fleet.step() < 20:
             await pilot.pause(0.02)
         await pilot.pause(0.1)
 
@@ -85,11 +85,11 @@ def test_lost_and_refused_ranks(snap_compare):
 
     async def run_before(pilot):
         await fill(pilot)
-        feed.state(2, LinkState.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
-        feed.state(
-            1, LinkState.REFUSED, "mini-1: HOST KEY CHANGED; see known_hosts", "host key changed"
+        feed.link(2, LinkPhase.LOST, "connection reset by peer", "lost", retry_at=T0 + 103)
+        feed.link(
+            1, LinkPhase.REFUSED, "mini-1: HOST KEY CHANGED; see known_hosts", "host key changed"
         )
-        while app.state.live_count() != 2:
+        while app.fleet.live_count() != 2:
             await pilot.pause(0.02)
         await settle(app)(pilot)
 

@@ -99,20 +99,20 @@ def test_app_link_layer_pauses_and_checkpoints_over_ssh(tmp_path, sshd, ranks, m
     async def scenario():
         app = FleetApp(feed)
         async with app.run_test(size=(100, 30)) as pilot:
-            await until(pilot, lambda: app.state.live_count() == 3 and app.state.step() > 0)
+            await until(pilot, lambda: app.fleet.live_count() == 3 and app.fleet.step() > 0)
             # One SSH connection per host, shared by its ranks (rankhost carries ranks 0 and 2).
             assert feed.connector.pool.hosts() == ["jumped", "rankhost"]
             await pilot.press("p", "y")
             await until(
-                pilot, lambda: "pause: applied at update" in log_text(app) and app.state.paused
+                pilot, lambda: "pause: applied at update" in log_text(app) and app.fleet.paused
             )
             await pilot.press("c", "y")
             await until(pilot, lambda: "checkpoint: applied at update" in log_text(app))
             await until(pilot, lambda: "checkpoint ckpt-" in log_text(app))
             await pilot.press("p", "y")
-            await until(pilot, lambda: "resume: applied" in log_text(app) and not app.state.paused)
-            step = app.state.step()
-            await until(pilot, lambda: app.state.step() > step)  # training goes on
+            await until(pilot, lambda: "resume: applied" in log_text(app) and not app.fleet.paused)
+            step = app.fleet.step()
+            await until(pilot, lambda: app.fleet.step() > step)  # training goes on
             await pilot.press("q")
 
     asyncio.run(scenario())

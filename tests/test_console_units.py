@@ -1,7 +1,8 @@
-"""Console pieces without a terminal: hostfile, state, bars, links, inbox, replay, demo commands."""
+"""Console pieces without a terminal: hostfile, fleet, bars, links, inbox, replay, demo commands."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from console import demo, fmt, render
+from console.connectors import LinkRefused
 from console.feed import Inbox
+from console.fleet import Fleet
 from console.hostfile import (
     HostfileError,
     load_hostfile,
@@ -20,8 +23,10 @@ from console.hostfile import (
     parse_hostfile,
     rank_targets,
 )
-from console.links import LinkRefused, LinkState, LinkStatus, RankLink
-from console.state import FleetState, Series
+from console.links import RankLink
+from console.model import LinkPhase, LinkStatus
+from console.series import Series
+from console.snapshot import header, proposal, snapshot, straggler
 from telemetry.errors import ConnectionLost
 from telemetry.records import Dropped, Event, Reply
 from tests.console_fakes import T0, GiB, hello, straggler_fleet, update
@@ -125,107 +130,107 @@ def test_braille_plot_draws_a_connected_line_and_marks():
 
 
 def test_link_text_states():
-    assert "idle" in render.link_text(LinkStatus(0, LinkState.STALE), 0, paused=True).plain
-    assert "stale" in render.link_text(LinkStatus(0, LinkState.STALE), 0).plain
-    lost = LinkStatus(0, LinkState.LOST, "eof", retry_at=103.0)
+    assert "idle" in render.link_text(LinkStatus(0, LinkPhase.STALE), 0, paused=True).plain
+    assert "stale" in render.link_text(LinkStatus(0, LinkPhase.STALE), 0).plain
+    lost = LinkStatus(0, LinkPhase.LOST, "eof", retry_at=103.0)
     assert render.link_text(lost, 100.0).plain == "○ lost 3s"
-    refused = LinkStatus(0, LinkState.REFUSED, "…", kind="host key changed")
+    refused = LinkStatus(0, LinkPhase.REFUSED, "…", kind="host key changed")
     assert render.link_text(refused, 0).plain == "✗ KEY CHANGED"
 
 
-# --- state -------------------------------------------------------------------------------------
+# --- fleet -------------------------------------------------------------------------------------
 
 
-def fed_state(**kw) -> FleetState:
-    state = FleetState(local_targets(4), clock=lambda: T0)
+def fed_fleet(**kw) -> Fleet:
+    fleet = Fleet(local_targets(4), clock=lambda: T0)
     for r in range(4):
-        state.set_link(LinkStatus(r, LinkState.LIVE))
+        fleet.set_link(LinkStatus(r, LinkPhase.LIVE))
     for rank, msg in straggler_fleet(**kw):
-        state.apply(rank, msg)
-    return state
+        fleet.apply(rank, msg)
+    return fleet
 
 
 def test_state_header_figures_and_straggler():
-    state = fed_state()
-    h = state.header()
+    fleet = fed_fleet()
+    h = header(fleet)
     assert h.step == 20 and h.live == 4 and h.world == 4
     assert h.straggler == 3
     assert h.global_batch == 8
     assert h.total_updates == 1000
     assert h.status == "running"
-    u = state.ranks[0].last
+    u = fleet.ranks[0].last
     assert h.tokens_per_s == pytest.approx(u.update_tokens / u.update_s)
     assert h.eta_s == pytest.approx((1000 - 20) * u.update_s)
 
 
 def test_state_no_straggler_when_balanced():
-    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 1))
-    assert state.straggler() is None
+    fleet = fed_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 1))
+    assert straggler(fleet) is None
 
 
 def test_state_skips_history_resent_after_reconnect():
-    state = fed_state()
-    n = len(state.ranks[0].updates)
-    loss_n = len(state.loss)
-    state.apply(0, hello(0))
+    fleet = fed_fleet()
+    n = len(fleet.ranks[0].updates)
+    loss_n = len(fleet.loss)
+    fleet.apply(0, hello(0))
     for step in range(15, 21):  # the hub's backlog again
-        state.apply(0, update(0, step))
-    assert len(state.ranks[0].updates) == n
-    assert len(state.loss) == loss_n
+        fleet.apply(0, update(0, step))
+    assert len(fleet.ranks[0].updates) == n
+    assert len(fleet.loss) == loss_n
     ev = Event("checkpoint", 0, 10, data={"path": "p", "verified": True}, time=T0 + 5)
-    state.apply(0, ev)
-    state.apply(0, ev)
-    assert sum("checkpoint p" in ln.text for ln in state.log_lines) == 1
+    fleet.apply(0, ev)
+    fleet.apply(0, ev)
+    assert sum("checkpoint p" in ln.text for ln in fleet.log_lines) == 1
 
 
 def test_state_new_run_on_rank0_resets():
-    state = fed_state()
-    state.apply(0, hello(0, run_id="other"))
-    assert state.run_id == "other"
-    assert len(state.ranks[0].updates) == 0
-    assert any("now serves run other" in ln.text for ln in state.log_lines)
+    fleet = fed_fleet()
+    fleet.apply(0, hello(0, run_id="other"))
+    assert fleet.run_id == "other"
+    assert len(fleet.ranks[0].updates) == 0
+    assert any("now serves run other" in ln.text for ln in fleet.log_lines)
 
 
 def test_state_events_drive_pause_and_log():
-    state = fed_state()
-    state.apply(0, Event("paused", 0, 21, time=T0 + 1))
-    assert state.header().status == "paused"
-    state.apply(0, Event("resumed", 0, 21, time=T0 + 2))
-    assert state.header().status == "running"
-    state.apply(0, Event("eval", 0, 20, data={"val_loss": 3.5}, time=T0 + 3))
-    assert state.header().val_loss == 3.5
-    state.apply(0, Event("stopped", 0, 22, data={"checkpoint": "ck"}, time=T0 + 4))
-    assert state.header().status == "stopped"
-    state.apply(2, Dropped(5, 7))
-    assert state.ranks[2].dropped == 7
+    fleet = fed_fleet()
+    fleet.apply(0, Event("paused", 0, 21, time=T0 + 1))
+    assert header(fleet).status == "paused"
+    fleet.apply(0, Event("resumed", 0, 21, time=T0 + 2))
+    assert header(fleet).status == "running"
+    fleet.apply(0, Event("eval", 0, 20, data={"val_loss": 3.5}, time=T0 + 3))
+    assert header(fleet).val_loss == 3.5
+    fleet.apply(0, Event("stopped", 0, 22, data={"checkpoint": "ck"}, time=T0 + 4))
+    assert header(fleet).status == "stopped"
+    fleet.apply(2, Dropped(5, 7))
+    assert fleet.ranks[2].dropped == 7
 
 
 def test_state_replies_name_the_command_and_outcome():
-    state = fed_state()
-    state.command_sent(3, "rebalance", {"split": [3, 2, 2, 1]})
-    state.apply(0, Reply(3, True, result={"step": 42}))
-    assert "rebalance to 3,2,2,1: applied at update 42" in state.log_lines[-1].text
-    state.command_sent(4, "pause", {})
-    state.apply(0, Reply(4, False, error="bad mac"))
-    assert state.log_lines[-1].text.endswith("pause: refused: bad mac")
-    assert state.log_lines[-1].level == "error"
-    assert not state.pending
+    fleet = fed_fleet()
+    fleet.command_sent(3, "rebalance", {"split": [3, 2, 2, 1]})
+    fleet.apply(0, Reply(3, True, result={"step": 42}))
+    assert "rebalance to 3,2,2,1: applied at update 42" in fleet.log_lines[-1].text
+    fleet.command_sent(4, "pause", {})
+    fleet.apply(0, Reply(4, False, error="bad mac"))
+    assert fleet.log_lines[-1].text.endswith("pause: refused: bad mac")
+    assert fleet.log_lines[-1].level == "error"
+    assert not fleet.pending
 
 
 def test_state_link_changes_are_logged_once():
-    state = fed_state()
-    lost = LinkStatus(1, LinkState.LOST, "connection reset", retry_at=T0 + 1)
-    state.set_link(lost)
-    state.set_link(lost)
-    assert sum("link lost" in ln.text for ln in state.log_lines) == 1
-    state.set_link(LinkStatus(1, LinkState.LIVE))
-    assert "rank 1 link back" in state.log_lines[-1].text
-    assert state.live_count() == 4
+    fleet = fed_fleet()
+    lost = LinkStatus(1, LinkPhase.LOST, "connection reset", retry_at=T0 + 1)
+    fleet.set_link(lost)
+    fleet.set_link(lost)
+    assert sum("link lost" in ln.text for ln in fleet.log_lines) == 1
+    fleet.set_link(LinkStatus(1, LinkPhase.LIVE))
+    assert "rank 1 link back" in fleet.log_lines[-1].text
+    assert fleet.live_count() == 4
 
 
 def test_state_proposal_moves_work_off_the_straggler():
-    state = fed_state(split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
-    prop, models, why = state.proposal()
+    fleet = fed_fleet(split=(2, 2, 2, 2), slow=(1, 1, 1, 3))
+    prop, models, why = proposal(fleet)
     assert why == "" and prop is not None and len(models) == 4
     assert sum(prop.split) == 8
     assert prop.split[3] < 2
@@ -233,8 +238,8 @@ def test_state_proposal_moves_work_off_the_straggler():
 
 
 def test_state_proposal_says_why_not():
-    state = FleetState(local_targets(2))
-    prop, _, why = state.proposal()
+    fleet = Fleet(local_targets(2))
+    prop, _, why = proposal(fleet)
     assert prop is None and "not every rank" in why
 
 
@@ -249,7 +254,7 @@ def test_series_keeps_whole_run_at_bounded_size():
 
 
 def test_snapshot_is_json_ready():
-    snap = fed_state().snapshot()
+    snap = snapshot(fed_fleet())
     text = json.dumps(snap)
     assert json.loads(text)["ranks"][3]["straggler"] is True
 
@@ -264,18 +269,18 @@ def test_inbox_notifies_once_per_batch():
         inbox.link_message(0, update(0, i + 1))
     assert calls == [1]
     assert len(inbox.drain()) == 100
-    inbox.link_state(LinkStatus(0, LinkState.LIVE))
+    inbox.link_status(LinkStatus(0, LinkPhase.LIVE))
     assert calls == [1, 1]
 
 
 class Recorder:
     def __init__(self):
-        self.states: list[LinkStatus] = []
+        self.statuses: list[LinkStatus] = []
         self.messages = []
         self.changed = threading.Event()
 
-    def link_state(self, s):
-        self.states.append(s)
+    def link_status(self, s):
+        self.statuses.append(s)
         self.changed.set()
 
     def link_message(self, rank, m):
@@ -374,26 +379,53 @@ def test_link_goes_live_then_lost_then_reconnects():
     )
     link.stop()
     t.join(2)
-    states = [s.state for s in sink.states]
-    assert states[:2] == [LinkState.CONNECTING, LinkState.REFUSED]
-    assert LinkState.LIVE in states and LinkState.LOST in states
-    lost = next(s for s in sink.states if s.state is LinkState.LOST)
+    phases = [s.phase for s in sink.statuses]
+    assert phases[:2] == [LinkPhase.CONNECTING, LinkPhase.REFUSED]
+    assert LinkPhase.LIVE in phases and LinkPhase.LOST in phases
+    lost = next(s for s in sink.statuses if s.phase is LinkPhase.LOST)
     assert "eof" in lost.detail and lost.retry_at is not None
-    assert states.index(LinkState.LOST) < len(states) - 1
+    assert phases.index(LinkPhase.LOST) < len(phases) - 1
 
 
 def test_link_refused_for_good_waits_without_retrying():
     sink = Recorder()
     link = make_link([LinkRefused("key changed", "host key changed", retry=False)], sink)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.state is LinkState.REFUSED for s in sink.states))
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.REFUSED for s in sink.statuses))
     time.sleep(0.1)
     assert link.connector.opens == 1
-    refused = next(s for s in sink.states if s.state is LinkState.REFUSED)
+    refused = next(s for s in sink.statuses if s.phase is LinkPhase.REFUSED)
     assert refused.retry_at is None and refused.kind == "host key changed"
     link.stop()
     t.join(2)
     assert not t.is_alive()
+
+
+def test_link_refused_for_good_tries_again_when_asked():
+    sink = Recorder()
+    link = make_link(
+        [LinkRefused("key changed", "host key changed", retry=False), [hello(0, world=1)]], sink
+    )
+    t = run_link(link)
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.REFUSED for s in sink.statuses))
+    link.retry_now()  # the operator pressed l
+    assert sink.wait_for(lambda: link.phase is LinkPhase.LIVE)
+    assert link.connector.opens == 2
+    link.stop()
+    t.join(2)
+
+
+def test_feed_reconnects_only_the_links_that_are_down():
+    from console.live import LiveFeed
+
+    feed = LiveFeed(local_targets(2), ScriptedConnector([]))
+    asked = []
+    for link in feed.links:
+        link.retry_now = functools.partial(asked.append, link.rank)
+    feed.links[0].phase = LinkPhase.LIVE
+    feed.links[1].phase = LinkPhase.REFUSED
+    feed.reconnect()
+    assert asked == [1]
 
 
 def test_link_marks_stale_and_back_live():
@@ -401,7 +433,7 @@ def test_link_marks_stale_and_back_live():
     session = [hello(0, world=1), update(0, 1)]
     link = make_link([session], sink, stale_after=0.05)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.state is LinkState.STALE for s in sink.states))
+    assert sink.wait_for(lambda: any(s.phase is LinkPhase.STALE for s in sink.statuses))
     link.stop()
     t.join(2)
 
@@ -410,7 +442,7 @@ def test_link_refuses_a_port_serving_another_rank():
     sink = Recorder()
     link = make_link([[hello(3, world=4)]], sink)
     t = run_link(link)
-    assert sink.wait_for(lambda: any(s.kind == "wrong rank" for s in sink.states))
+    assert sink.wait_for(lambda: any(s.kind == "wrong rank" for s in sink.statuses))
     link.stop()
     t.join(2)
     assert not any(isinstance(m, type(hello(0))) for _, m in sink.messages)
@@ -423,7 +455,7 @@ def test_link_send_command_needs_a_live_link():
         link.send_command("pause")
     link.key = b"k" * 32
     t = run_link(link)
-    assert sink.wait_for(lambda: link.state is LinkState.LIVE)
+    assert sink.wait_for(lambda: link.phase is LinkPhase.LIVE)
     assert link.send_command("pause") == 7
     link.stop()
     t.join(2)
@@ -443,7 +475,8 @@ def test_gather_knows_every_log_name_the_ranks_write():
 
 
 def test_feed_turns_commands_off_when_rank0_serves_another_run(tmp_path):
-    from console.links import LiveFeed, SSHConnector, TCPConnector
+    from console.connectors import SSHConnector, TCPConnector
+    from console.live import LiveFeed
     from telemetry.errors import AuthError
     from telemetry.records import run_id_of
 
@@ -477,24 +510,24 @@ def test_replay_plays_steps_and_finishes(tmp_path):
     feed = ReplayFeed(tmp_path)
     inbox = Inbox()
     feed.attach(inbox)
-    state = FleetState(feed.targets)
+    fleet = Fleet(feed.targets)
 
     def pump():
         for rank, item in inbox.drain():
-            state.set_link(item) if isinstance(item, LinkStatus) else state.apply(rank, item)
+            fleet.set_link(item) if isinstance(item, LinkStatus) else fleet.apply(rank, item)
 
     feed.start()
     feed.step()
     pump()
-    assert state.step() == 1 and not feed.playing
+    assert fleet.step() == 1 and not feed.playing
     feed.step()
     pump()
-    assert state.step() == 2
+    assert fleet.step() == 2
     feed.finish()
     pump()
-    assert state.step() == 30 and feed.done
-    assert any("rebalanced" in ln.text for ln in state.log_lines)
-    assert state.header().val_loss is not None
+    assert fleet.step() == 30 and feed.done
+    assert any("rebalanced" in ln.text for ln in fleet.log_lines)
+    assert header(fleet).val_loss is not None
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ReplayError, match="no telemetry logs"):
@@ -581,6 +614,19 @@ def test_console_never_imports_mlx_or_trainer():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
+def test_console_model_stays_headless():
+    # The fleet model and its vocabulary load without Textual, SSH or the network code, so
+    # views, --once and replay read link phases from the model, never from links.py.
+    code = (
+        "import sys, console.model, console.fleet, console.events, console.snapshot, "
+        "console.series, console.feed, console.replay\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'paramiko') "
+        "or m in ('console.links', 'console.live', 'console.connectors', 'console.ssh'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
 def test_balance_stays_pure():
     code = (
         "import sys, telemetry.balance\n"
@@ -616,7 +662,7 @@ def test_console_cli_errors_are_one_line(tmp_path):
 
 
 def test_ssh_config_is_honoured(tmp_path):
-    from console.ssh import SSHConfigError, SSHOptions, _parse_hop, resolve
+    from console.ssh import SSHConfigError, SSHOptions, _parse_hop, host_settings
 
     cfg = tmp_path / "config"
     cfg.write_text(
@@ -625,12 +671,14 @@ def test_ssh_config_is_honoured(tmp_path):
         f"  UserKnownHostsFile {tmp_path}/kh1 {tmp_path}/kh2\n"
         "Host *\n  User fallback\n"
     )
-    s = resolve("studio", SSHOptions(config_path=cfg))
+    s = host_settings("studio", SSHOptions(config_path=cfg))
     assert (s.hostname, s.port, s.user) == ("10.0.0.5", 2222, "ml")
     assert s.identity_files[0].endswith("/k1") and not s.identity_files[0].startswith("~")
     assert s.identities_only and s.proxy_jump == "bastion" and s.accept_new
     assert s.known_hosts == tmp_path / "kh1"
-    other = resolve("mini", SSHOptions(config_path=cfg, known_hosts=tmp_path / "kh", user="me"))
+    other = host_settings(
+        "mini", SSHOptions(config_path=cfg, known_hosts=tmp_path / "kh", user="me")
+    )
     assert (other.hostname, other.port, other.user) == ("mini", 22, "me")
     assert other.known_hosts == tmp_path / "kh" and not other.accept_new
     assert _parse_hop("ml@jump:2200") == ("ml", "jump", 2200)

@@ -8,6 +8,24 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+# What is asked before each command is sent: the question, then what will happen.
+QUESTIONS = {
+    "checkpoint": (
+        "Checkpoint now?",
+        "Every rank saves at the next update boundary; training goes on.",
+    ),
+    "pause": (
+        "Pause the run?",
+        "Every rank stops at the next update boundary and waits (press p again to resume).",
+    ),
+    "resume": ("Resume the run?", "Training continues from where it paused."),
+    "stop": (
+        "Stop the run?",
+        "The run checkpoints at the next update boundary, then every rank exits. "
+        "It can be resumed from that checkpoint.",
+    ),
+}
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask one question; dismiss with True only on an explicit yes."""
@@ -49,6 +67,12 @@ class ConfirmScreen(ModalScreen[bool]):
         self.title_text = title
         self.body = body
         self.yes = yes
+
+    @classmethod
+    def before(cls, cmd: str) -> ConfirmScreen:
+        """What is asked before `cmd` (a key of QUESTIONS) is sent."""
+        title, body = QUESTIONS[cmd]
+        return cls(title, body, yes=cmd.capitalize())
 
     def compose(self) -> ComposeResult:
         with Vertical():

@@ -1,4 +1,4 @@
-"""Keys, and how to read the bars and link states."""
+"""Keys, and how to read the bars and link phases."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ HELP = """\
 [b]Keys[/b]
   [b]c[/b]  checkpoint now               [b]p[/b]  pause / resume the run
   [b]r[/b]  rebalance the batch split    [b]s[/b]  stop the run (checkpoint, then exit)
-  [b]q[/b]  quit this console; the run goes on
+  [b]l[/b]  reconnect links now          [b]q[/b]  quit this console; the run goes on
   [b]↑ ↓[/b] choose a rank  [b]enter[/b] its timing and memory history  [b]esc[/b] close
   Keys that change the run ask first; the outcome appears in the event log.
 {replay}
@@ -29,7 +29,8 @@ HELP = """\
   [yellow]◐ stale[/yellow]    connected, but silent for a while
   ◌ connecting         [red]○ lost 3s[/red]  dropped; retrying in 3 s on its own
   [bold red]✗ reason[/bold red]   refused: auth failed, host key unknown or changed,
-             nothing listening (retried), wrong rank on that port
+             nothing listening (retried), wrong rank on that port;
+             a refusal that retrying cannot help waits for [b]l[/b]
 """
 
 REPLAY = """

@@ -10,7 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from console import fmt, render
-from console.state import FleetState, RankView
+from console.fleet import Fleet, RankView
 
 LABEL = 14
 FIGURES = 26
@@ -30,7 +30,7 @@ def _series(
     return t
 
 
-def detail_text(view: RankView, state: FleetState, width: int, now: float) -> Text:
+def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
     """Everything shown for one rank, laid out for `width` columns."""
     out = Text()
     h = view.hello
@@ -39,7 +39,7 @@ def detail_text(view: RankView, state: FleetState, width: int, now: float) -> Te
     if h:
         out.append(f"  {h.chip or '?'} · {h.platform or '?'} · {fmt.nbytes(h.memory_total)}")
     out.append("\nlink ")
-    out.append_text(render.link_text(view.link, now, state.paused))
+    out.append_text(render.link_text(view.link, now, fleet.paused))
     if view.link and view.link.detail:
         out.append(f"  {view.link.detail}", "bright_black")
     if view.dropped:
@@ -121,7 +121,7 @@ class RankDetailScreen(ModalScreen[None]):
     def __init__(self, rank: int) -> None:
         super().__init__()
         self.rank = rank
-        self._state: FleetState | None = None
+        self._fleet: Fleet | None = None
         self._now = 0.0
 
     def compose(self) -> ComposeResult:
@@ -129,23 +129,23 @@ class RankDetailScreen(ModalScreen[None]):
             box.border_title = f"rank {self.rank}"
             yield Static(id="detail")
 
-    def show(self, state: FleetState, now: float) -> None:
-        """Redraw from the state (the app calls this on every frame while it is open)."""
-        self._state, self._now = state, now
+    def show(self, fleet: Fleet, now: float) -> None:
+        """Redraw from the fleet (the app calls this on every frame while it is open)."""
+        self._fleet, self._now = fleet, now
         if not self.is_mounted:
             return
         box = self.query_one(VerticalScroll)
         box.border_title = f"rank {self.rank}"
         width = max(40, box.content_size.width or self.app.size.width - 4)
         self.query_one("#detail", Static).update(
-            detail_text(state.ranks[self.rank], state, width, now)
+            detail_text(fleet.ranks[self.rank], fleet, width, now)
         )
 
     def on_mount(self) -> None:
-        if self._state is not None:
-            self.call_after_refresh(self.show, self._state, self._now)
+        if self._fleet is not None:
+            self.call_after_refresh(self.show, self._fleet, self._now)
 
     def action_move(self, delta: int) -> None:
-        if self._state is not None:
-            self.rank = max(0, min(len(self._state.ranks) - 1, self.rank + delta))
-            self.show(self._state, self._now)
+        if self._fleet is not None:
+            self.rank = max(0, min(len(self._fleet.ranks) - 1, self.rank + delta))
+            self.show(self._fleet, self._now)

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import RichLog
 
 from console import fmt
-from console.state import LogLine
+from console.events import LogLine
 
 LEVEL_STYLE = {
     "info": "",

@@ -19,9 +19,10 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console import fmt, render
-from console.links import LinkState
+from console.fleet import Fleet, RankView
 from console.messages import RankSelected
-from console.state import FleetState, RankView
+from console.model import UP
+from console.snapshot import straggler
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,7 @@ def row_text(
         waits = [x.wait_s for x in view.recent(cols.history)]
         t.append(render.spark(waits, cols.history, 0.0, wait_hi), render.STYLE_WAIT)
         t.append(" ")
-    if view.state not in (LinkState.LIVE, LinkState.STALE):
+    if view.phase not in UP:
         t.stylize("dim", 5)  # figures from before the link went: shown, but as old news
     t.append_text(render.link_text(view.link, now, paused))
     return t
@@ -155,29 +156,29 @@ class RankTable(ScrollView, can_focus=True):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.state: FleetState | None = None
+        self.fleet: Fleet | None = None
         self.now = 0.0
         self._straggler: int | None = None
         self._scale: float | None = None
         self._wait_hi = 0.0
 
-    def show(self, state: FleetState, now: float) -> None:
-        """Redraw from the state (only the visible lines are rendered)."""
-        self.state = state
+    def show(self, fleet: Fleet, now: float) -> None:
+        """Redraw from the fleet (only the visible lines are rendered)."""
+        self.fleet = fleet
         self.now = now
-        self._straggler = state.straggler()
-        lasts = [v.last for v in state.ranks if v.last is not None]
+        self._straggler = straggler(fleet)
+        lasts = [v.last for v in fleet.ranks if v.last is not None]
         self._scale = max((u.update_s for u in lasts), default=None)
-        self._wait_hi = max((u.update_s for v in state.ranks for u in v.recent(10)), default=0.0)
-        self.virtual_size = Size(self.size.width, len(state.ranks) + 1)
+        self._wait_hi = max((u.update_s for v in fleet.ranks for u in v.recent(10)), default=0.0)
+        self.virtual_size = Size(self.size.width, len(fleet.ranks) + 1)
         self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return (len(self.state.ranks) if self.state else 0) + 1
+        return (len(self.fleet.ranks) if self.fleet else 0) + 1
 
     def action_cursor(self, delta: int) -> None:
-        if self.state:
-            self.cursor = max(0, min(len(self.state.ranks) - 1, self.cursor + delta))
+        if self.fleet:
+            self.cursor = max(0, min(len(self.fleet.ranks) - 1, self.cursor + delta))
 
     def watch_cursor(self, cursor: int) -> None:
         # Line 0 is the header, pinned; keep the cursor's line inside the rest.
@@ -190,7 +191,7 @@ class RankTable(ScrollView, can_focus=True):
         self.refresh()
 
     def action_select(self) -> None:
-        if self.state and self.state.ranks:
+        if self.fleet and self.fleet.ranks:
             self.post_message(RankSelected(self.cursor))
 
     def render_line(self, y: int) -> Strip:
@@ -199,11 +200,11 @@ class RankTable(ScrollView, can_focus=True):
         if y == 0:
             style = self.get_component_rich_style("rank-table--header")
             return self._strip(header_text(cols), width, style)
-        state = self.state
+        fleet = self.fleet
         index = self.scroll_offset.y + y - 1
-        if state is None or index >= len(state.ranks):
+        if fleet is None or index >= len(fleet.ranks):
             return Strip.blank(width, self.rich_style)
-        view = state.ranks[index]
+        view = fleet.ranks[index]
         text = row_text(
             view,
             cols,
@@ -211,7 +212,7 @@ class RankTable(ScrollView, can_focus=True):
             scale_s=self._scale,
             wait_hi=self._wait_hi,
             now=self.now,
-            paused=state.paused,
+            paused=fleet.paused,
         )
         style = self.rich_style
         if index == self.cursor and self.has_focus:

@@ -7,7 +7,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from console import fmt
-from console.state import HeaderInfo
+from console.snapshot import HeaderInfo
 
 STATUS_STYLE = {
     "running": ("▶ RUNNING", "bold black on green"),

@@ -1,0 +1,122 @@
+"""The event log's lines and their prose: what ranks' events, replies, commands and links say.
+
+Pure functions from a record to (level, text); `console.fleet` decides when a line is due and
+keeps the log. Levels: info, good, warning, error, command (the widget colours them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from console.model import UP, LinkPhase, LinkStatus
+from telemetry.records import Event, Reply
+
+# The level of each kind of event the trainer emits; any other kind is info.
+LEVEL = {
+    "started": "good",
+    "checkpoint": "good",
+    "paused": "warning",
+    "resumed": "good",
+    "rebalanced": "good",
+    "stopped": "warning",
+    "error": "error",
+}
+
+
+@dataclass(slots=True)
+class LogLine:
+    """One line of the event log."""
+
+    seq: int
+    time: float
+    level: str
+    text: str
+    rank: int | None = None
+    step: int | None = None
+    kind: str = ""
+
+
+def event_line(e: Event) -> tuple[str, str]:
+    """An event's level and text: the rank's own words when it sent some, else ours."""
+    data = e.data or {}
+    level = LEVEL.get(e.kind, "info")
+    text = e.message or _said(e.kind, data)
+    if e.kind == "checkpoint":
+        verified = data.get("verified")
+        text += " (verified)" if verified else " (NOT verified)" if verified is False else ""
+        level = "warning" if verified is False else level
+    return level, text or e.kind
+
+
+def _said(kind: str, data: dict[str, Any]) -> str:
+    """Words for an event that came without any ("" when its data says nothing either)."""
+    match kind:
+        case "started":
+            world, split = data.get("world_size", "?"), _split(data.get("split"))
+            return f"run started: {world} ranks, split {split}"
+        case "checkpoint":
+            return f"checkpoint {data.get('path', '')}"
+        case "paused":
+            return "run paused"
+        case "resumed":
+            return "run resumed"
+        case "rebalanced":
+            return f"rebalanced {_split(data.get('from'))} → {_split(data.get('to'))}"
+        case "stopped":
+            ck = data.get("checkpoint")
+            return "run stopped" + (f", checkpoint {ck}" if ck else "")
+        case "eval":
+            v = data.get("val_loss")
+            return f"eval: val loss {v:.4f}" if isinstance(v, int | float) else ""
+        case "sample":
+            return "sample: " + str(data.get("text", "")).replace("\n", "⏎")[:200]
+    return ""
+
+
+def link_line(old: LinkStatus | None, new: LinkStatus) -> tuple[str, str] | None:
+    """What a link's change says, or None: refusals, losses and returns are news, once each."""
+    if old is not None and old.phase == new.phase and old.detail == new.detail:
+        return None
+    was = old.phase if old is not None else None
+    if new.phase is LinkPhase.REFUSED:
+        return "error", f"rank {new.rank} refused: {new.detail}"
+    if new.phase is LinkPhase.LOST and was in UP:
+        return "warning", f"rank {new.rank} link lost: {new.detail}"
+    if new.phase is LinkPhase.LIVE and was in (LinkPhase.LOST, LinkPhase.REFUSED):
+        return "good", f"rank {new.rank} link back"
+    return None
+
+
+def command_name(cmd: str, args: dict[str, Any]) -> str:
+    """A command as the log names it: "pause", "rebalance to 3,2,2,1"."""
+    if cmd == "rebalance":
+        return f"rebalance to {_split(args.get('split'))}"
+    return cmd
+
+
+def sent_line(id: int, what: str) -> str:
+    return f"→ {what}: sent (id {id}), waiting for the next update boundary"
+
+
+def reply_line(r: Reply, what: str) -> tuple[str, str]:
+    """The outcome of the command named `what`."""
+    if r.ok:
+        step = (r.result or {}).get("step")
+        at = f" at update {step}" if step is not None else ""
+        return "good", f"✓ {what}: applied{at}"
+    return "error", f"✗ {what}: refused: {r.error or 'no reason given'}"
+
+
+def unanswered_line(whats: list[str]) -> str:
+    """Commands whose replies went with rank 0's dropped link."""
+    return (
+        f"no reply to {', '.join(whats)}: rank 0's link dropped; whether it was applied shows "
+        "in the events once the link is back"
+    )
+
+
+def _split(split: Any) -> str:
+    if isinstance(split, list | tuple):
+        return ",".join(str(b) for b in split)
+    return "?"

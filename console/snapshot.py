@@ -1,0 +1,189 @@
+"""Figures derived from the fleet: the header's, the straggler, the balancer's, a JSON picture.
+
+Every figure shown is derived here (or in `console.fleet`), so the widgets only lay text out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from console.fleet import Fleet, RankView
+from console.model import UP
+from telemetry import balance
+
+SMOOTH = 10  # updates averaged for rates, the update time and the straggler
+STRAGGLER_SPREAD = 0.10  # a rank is called the straggler when compute times differ by > 10%
+BALANCE_WINDOW = 200  # updates per rank handed to the balancer
+EVENTS_SHOWN = 20  # log lines in a JSON snapshot
+
+
+@dataclass(slots=True)
+class HeaderInfo:
+    """The figures in the header."""
+
+    run_id: str = ""
+    step: int = 0
+    total_updates: int | None = None
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    update_s: float | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    eta_s: float | None = None
+    status: str = "connecting"  # running, paused, stopped, connecting, no link
+    live: int = 0
+    world: int = 0
+    straggler: int | None = None
+    global_batch: int | None = None
+    warning: str = ""
+
+
+def reference(fleet: Fleet) -> RankView | None:
+    """The rank with the newest update: the header's figures come from it."""
+    best = None
+    for v in fleet.ranks:
+        if v.last is not None and (best is None or v.last.step > best.last.step):  # type: ignore[union-attr]
+            best = v
+    return best
+
+
+def straggler(fleet: Fleet) -> int | None:
+    """The rank the others wait for, when compute times differ enough to matter."""
+    means = {}
+    for v in fleet.ranks:
+        recent = v.recent(SMOOTH)
+        if recent and v.phase in UP:
+            means[v.rank] = statistics.fmean(u.compute_s for u in recent)
+    if len(means) < 2:
+        return None
+    slowest = max(means, key=means.__getitem__)
+    top, bottom = means[slowest], min(means.values())
+    return slowest if top > 0 and (top - bottom) / top > STRAGGLER_SPREAD else None
+
+
+def header(fleet: Fleet) -> HeaderInfo:
+    """The header's figures now."""
+    info = HeaderInfo(
+        run_id=fleet.run_id,
+        step=fleet.step(),
+        total_updates=fleet.total_updates,
+        live=fleet.live_count(),
+        world=len(fleet.ranks),
+        straggler=straggler(fleet),
+        warning=fleet.warning,
+    )
+    split = fleet.split()
+    info.global_batch = sum(split) if split is not None else None
+    ref = reference(fleet)
+    if ref is not None and ref.last is not None:
+        recent = ref.recent(SMOOTH)
+        wall = sum(u.update_s for u in recent)
+        info.tokens = ref.last.tokens
+        info.loss = ref.last.loss
+        info.update_s = wall / len(recent)
+        info.tokens_per_s = sum(u.update_tokens for u in recent) / wall if wall > 0 else None
+        if fleet.total_updates and info.update_s:
+            info.eta_s = max(0, fleet.total_updates - info.step) * info.update_s
+    if fleet.evals:
+        info.val_loss = fleet.evals.last_y
+    if fleet.stopped:
+        info.status = "stopped"
+    elif fleet.paused:
+        info.status = "paused"
+    elif info.live == 0:
+        info.status = "connecting" if not fleet.run_id else "no link"
+    else:
+        info.status = "running"
+    return info
+
+
+# --- the balancer's view -----------------------------------------------------------------------
+
+
+def balance_samples(fleet: Fleet) -> list[list[balance.RankSample]]:
+    """Each rank's recent updates as the balancer's input."""
+    out = []
+    for v in fleet.ranks:
+        total = v.memory_total
+        out.append(
+            [
+                balance.RankSample(u.local_batch, u.compute_s, u.peak_mem, total)
+                for u in list(v.updates)[-BALANCE_WINDOW:]
+            ]
+        )
+    return out
+
+
+def proposal(
+    fleet: Fleet, headroom: float = 0.15
+) -> tuple[balance.Proposal | None, list[balance.RankModel], str]:
+    """The balancer's proposal for this run, the fitted models, and why not if none."""
+    split = fleet.split()
+    if split is None:
+        return None, [], "not every rank has reported its local batch yet"
+    samples = balance_samples(fleet)
+    missing = [v.rank for v, s in zip(fleet.ranks, samples, strict=True) if not s]
+    if missing:
+        return None, [], f"no updates yet from rank(s) {', '.join(map(str, missing))}"
+    try:
+        models = balance.fit(samples)
+        prop = balance.propose(models, sum(split), headroom=headroom, current=split)
+    except balance.BalanceError as e:
+        return None, [], str(e)
+    return prop, models, ""
+
+
+# --- the JSON picture (--once --json, replay --once) ---------------------------------------------
+
+
+def snapshot(fleet: Fleet) -> dict[str, Any]:
+    """A JSON-ready picture of the run now."""
+    h = header(fleet)
+    ranks = []
+    for v in fleet.ranks:
+        u = v.last
+        ranks.append(
+            {
+                "rank": v.rank,
+                "host": v.host,
+                "port": v.target.port,
+                "link": v.phase.value,
+                "link_detail": v.link.detail if v.link else "",
+                "local_batch": v.local_batch,
+                "memory_total": v.memory_total,
+                "chip": v.hello.chip if v.hello else None,
+                "straggler": v.rank == h.straggler,
+                "dropped": v.dropped,
+                "update": u.to_msg() if u else None,
+            }
+        )
+    return {
+        "run_id": h.run_id,
+        "status": h.status,
+        "step": h.step,
+        "total_updates": h.total_updates,
+        "tokens": h.tokens,
+        "tokens_per_s": h.tokens_per_s,
+        "update_s": h.update_s,
+        "loss": h.loss,
+        "val_loss": h.val_loss,
+        "eta_s": h.eta_s,
+        "live": h.live,
+        "world": h.world,
+        "straggler": h.straggler,
+        "global_batch": h.global_batch,
+        "ranks": ranks,
+        "events": [
+            {
+                "time": ln.time,
+                "level": ln.level,
+                "rank": ln.rank,
+                "step": ln.step,
+                "kind": ln.kind,
+                "text": ln.text,
+            }
+            for ln in list(fleet.log_lines)[-EVENTS_SHOWN:]
+        ],
+    }
