@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from console.hostfile import RankTarget
-from console.links import LinkState, LinkStatus
+from console.model import LinkPhase, LinkStatus
 from telemetry.records import Event, Hello, Update
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class SyntheticFeed:
     """`ranks` ranks, each sending one update every 1/rate s from a feeder thread."""
 
-    replay = False
+    playback = None
     control_problem = "benchmark: no commands"
 
     def __init__(self, ranks: int, rate: float, seed: int = 0) -> None:
@@ -60,9 +60,12 @@ class SyntheticFeed:
     def attach(self, sink: Any) -> None:
         self.sink = sink
 
+    def loops(self) -> dict:
+        return {}  # one feeder thread, started by start()
+
     def start(self) -> None:
         for t in self.targets:
-            self.sink.link_state(LinkStatus(t.rank, LinkState.LIVE, "synthetic"))
+            self.sink.link_status(LinkStatus(t.rank, LinkPhase.LIVE, "synthetic"))
             self.sink.link_message(
                 t.rank,
                 Hello(
@@ -113,6 +116,9 @@ class SyntheticFeed:
 
     def send(self, cmd: str, args: dict | None = None) -> int:
         raise RuntimeError(self.control_problem)
+
+    def reconnect(self) -> None:
+        pass
 
     def close(self) -> None:
         self._stop.set()

@@ -28,9 +28,6 @@ CONNECT_TIMEOUT = 10.0
 RECV_TIMEOUT = 0.5  # how often a quiet link checks for stop and staleness
 STALE_AFTER = 10.0
 
-# console/bench.py (leaving the package on another branch) still imports the old name here.
-LinkState = LinkPhase
-
 
 def _default_client(sock: Any, key: bytes | None, timeout: float, peer: str = "") -> Any:
     from telemetry.client import TelemetryClient
