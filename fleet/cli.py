@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.cli", "turn text into Parquet token shards"),
     "train": ("trainer.cli", "train a model (one rank, or one of many under mlx.launch)"),
     "launch": ("trainer.cli", "start a data-parallel run with mlx.launch"),
+    "check": ("trainer.cli", "check a fleet before a run: hosts, versions, data, group, links"),
     "bench": ("bench.cli", "benchmarks: memory, balance, throughput, telemetry, console"),
     "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
     "report": ("telemetry.cli", "summarize a run from its telemetry logs"),

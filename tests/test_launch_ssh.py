@@ -53,13 +53,15 @@ def ssh_path(tmp_path, sshd) -> str:
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
 
-def launch(ssh_path: str, hosts: list[str], data: Path, run: Path, split: str):
+def launch(
+    ssh_path: str, hosts: list[str], data: Path, run: Path, split: str, *opts: str
+) -> subprocess.CompletedProcess:
     hostfile = run.parent / f"{run.name}-hosts.json"
     hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
     cmd = [
         *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
         *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1))),
-        *("--stop-grace", "5", "--"),
+        *("--stop-grace", "5", *opts, "--"),
         *("train", "--data", str(data), "--run-dir", str(run), "--local-batches", split),
         *(*TINY, "--updates", "2", "--checkpoint-every", "1"),
     ]
@@ -87,7 +89,9 @@ def test_ranks_started_over_ssh_train_the_same_model(tmp_path, ssh_path, tiny_da
 
 
 def test_a_host_ssh_refuses_is_named(tmp_path, ssh_path, tiny_data):
-    out = launch(ssh_path, ["mac-a", "stranger"], tiny_data, tmp_path / "refused", "2,1")
+    # --no-check: what mlx.launch itself meets when ssh refuses (the check would stop first)
+    run = tmp_path / "refused"
+    out = launch(ssh_path, ["mac-a", "stranger"], tiny_data, run, "2,1", "--no-check")
     assert out.returncode == 1
     assert "rank 1 failed first (exited with code 255: ssh could not start it on stranger" in (
         out.stderr
@@ -157,3 +161,45 @@ def test_a_host_lost_for_the_relaunch_is_left_out_with_the_same_global_batch(
     state = checkpoint.read_json(path, checkpoint.STATE)
     assert state["step"] == 8 and sum(state["split"]) == 6 and len(state["split"]) == 2
     assert_same_weights(weights(tmp_path / "whole", 8), weights(run, 8))
+
+
+def test_the_fleet_check_stops_a_launch_before_any_rank_starts(tmp_path, ssh_path, tiny_data):
+    out = launch(ssh_path, ["mac-a", "stranger"], tiny_data, tmp_path / "checked", "2,1")
+    assert out.returncode == 2
+    assert "stranger: ssh refused" in out.stderr and "try `ssh stranger true`" in out.stderr
+    assert "the fleet check failed (--no-check to start anyway)" in out.stderr
+    assert not (tmp_path / "checked").exists()  # nothing started, nothing written
+
+
+def check(ssh_path: str, hostfile: Path, hosts: list[str], *args: str):
+    """`fleet check --hostfile` over the test sshd's aliases."""
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "check", "--hostfile", str(hostfile)),
+        *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1)), *args),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_fleet_check_passes_a_healthy_fleet_and_times_its_links(tmp_path, ssh_path, tiny_data):
+    train = ("--", "train", "--data", str(tiny_data), "--run-dir", str(tmp_path / "r"), *TINY)
+    out = check(ssh_path, tmp_path / "h.json", ["mac-a", "mac-b"], *train)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "no problems found" in out.stdout
+    assert "GB/s" in out.stdout and "ring" in out.stdout  # the group formed and was timed
+
+
+def test_fleet_check_names_a_refused_host_and_other_versions(tmp_path, ssh_path, tiny_data):
+    hostfile = tmp_path / "h.json"
+    out = check(ssh_path, hostfile, ["mac-a", "stranger"], "--", "train", "--data", str(tiny_data))
+    assert out.returncode == 1
+    assert "problem: stranger: ssh refused" in out.stdout
+    assert "problem: mac-a" not in out.stdout
+    # another interpreter there: its versions differ from this machine's
+    system = "/usr/bin/python3"
+    if Path(system).exists() and os.path.realpath(system) != os.path.realpath(sys.executable):
+        out = check(ssh_path, hostfile, ["mac-a"], "--python", system)
+        assert out.returncode == 1
+        assert "problem: mac-a: mlx not installed, this machine has" in out.stdout

@@ -28,6 +28,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         from trainer.launch import add_arguments
 
         add_arguments(parser)
+    elif name == "check":
+        from trainer.check import add_arguments
+
+        add_arguments(parser)
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -39,6 +43,10 @@ def run(name: str, args: argparse.Namespace) -> int:
         return train(args)
     if name == "launch":
         from trainer.launch import main
+
+        return main(args)
+    if name == "check":
+        from trainer.check import main
 
         return main(args)
     raise ValueError(name)

@@ -103,6 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on a restart, go on without hosts ssh cannot reach, with the same global batch "
         "split over the others by the balancer (the math does not change)",
     )
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="with --hostfile, start without `fleet check`'s checks of the hosts and the group",
+    )
     parser.add_argument("--verbose", action="store_true", help="mlx.launch's debug output")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- train ARGS (the rank's fleet subcommand)"
@@ -290,6 +295,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"fleet launch: error: {e}", file=sys.stderr)
         return 2
     say = partial(print, file=sys.stderr, flush=True)
+    if plan.hosts and not args.no_check:  # ranks on other machines: check them first
+        from trainer.check import run_check
+
+        ok, report = run_check(args, plan)
+        if not ok:
+            say(f"{report}\nfleet launch: the fleet check failed (--no-check to start anyway)")
+            return 2
     restarts, last = 0, None
     while True:
         ssh_names = [h.get("ssh", "") for h in plan.hosts]

@@ -1,0 +1,413 @@
+"""`fleet check`: what a fleet must agree on before the first update, and each problem by name.
+
+    fleet check --hostfile hosts.json -- train --data D --local-batches 6,4,2 ...
+    fleet check -n 3 -- train --data D ...
+
+Per host, over ssh with verified host keys (BatchMode: never a prompt): the Python, mlx and
+mlx-fleet versions against this machine's, the dataset's digest, free disk for a few
+checkpoints and free memory against the run's expected peak. Then the group itself: the ranks
+start under mlx.launch with the requested backend and must form a group of exactly the
+hostfile's size within a timeout (a JACCL hostfile in the wrong rank order forms N groups of
+one), and each ring link is timed with a short transfer, flagging one far below the others
+(Wi-Fi addresses in a Thunderbolt hostfile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+PROBE_MARK = "FLEET-CHECK "
+SLOW_LINK = 1 / 3  # a link below this fraction of the median bandwidth is flagged
+KEEP_CHECKPOINTS = 3  # free disk must hold this many checkpoints (and one being written)
+
+# Runs on every host (ssh host PYTHON - DATA RUN), on the standard library and psutil only.
+FACTS = r"""
+import importlib.metadata as md, json, os, shutil, socket, sys
+out = {"host": socket.gethostname(), "python": sys.version.split()[0]}
+for dist in ("mlx", "mlx-fleet"):
+    try:
+        out[dist] = md.version(dist)
+    except md.PackageNotFoundError:
+        out[dist] = None
+data, run = sys.argv[1], sys.argv[2]
+if data:
+    try:
+        with open(os.path.join(data, "dataset.json")) as f:
+            out["dataset"] = json.load(f).get("digest")
+    except (OSError, ValueError) as e:
+        out["dataset_error"] = f"{type(e).__name__}: {e}"
+where = os.path.abspath(run)
+while not os.path.isdir(where):
+    where = os.path.dirname(where)
+out["disk_free"] = shutil.disk_usage(where).free
+try:
+    import psutil
+    out["mem_available"] = psutil.virtual_memory().available
+except ImportError:
+    out["mem_available"] = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class HostReport:
+    """What one host said, and what is wrong with it."""
+
+    name: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def host_facts(host: str | None, python: str, data: str, run_dir: str) -> dict[str, Any]:
+    """FACTS from `host` over ssh (None: this machine); raises RuntimeError saying why not."""
+    argv = [python, "-", data, run_dir]
+    if host is not None:  # one quoted string: the remote shell would drop an empty argument
+        remote = shlex.join(argv)
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
+    try:
+        out = subprocess.run(argv, input=FACTS, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"could not run {argv[0]}: {e}") from None
+    if out.returncode == 255 and host is not None:
+        detail = out.stderr.strip().splitlines()[-1:] or ["no answer"]
+        raise RuntimeError(
+            f"ssh refused: {detail[0]} (unreachable, login refused or host key unknown; "
+            f"try `ssh {host} true`)"
+        )
+    if out.returncode != 0:
+        last = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        raise RuntimeError(f"{python} failed there: {last[0]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def expected_bytes(cfg: Any, local_batch: int) -> tuple[int, int]:
+    """(checkpoint bytes, peak bytes of one rank): estimates from the model's shapes.
+
+    A checkpoint holds the weights and AdamW's two moments. The peak adds the FP32
+    accumulators and gradients, and activations of about 34 x width bytes per token and
+    layer (attention and MLP inputs kept for the backward pass) plus the FP32 logits.
+    """
+    from trainer.model import GPT, ModelConfig, padded_vocab
+
+    seq = cfg.seq_len or 256
+    mcfg = ModelConfig.from_sizes(
+        depth=cfg.depth,
+        width=cfg.width,
+        heads=cfg.heads,
+        vocab=cfg.vocab or padded_vocab(512 if cfg.synthetic else 256),
+        seq_len=seq,
+    )
+    n = GPT(mcfg).num_params()  # lazily built: nothing is allocated
+    weight = 2 if cfg.precision == "bf16" else 4
+    ckpt = n * (weight + 2 * weight)
+    tokens = local_batch * seq
+    activations = tokens * (34 * mcfg.width * mcfg.depth + 8 * mcfg.vocab)
+    return ckpt, ckpt + 8 * n + activations
+
+
+def compare(reports: list[HostReport], here: dict[str, Any], need_disk: int, need_mem: list[int]):
+    """Fill each report's problems: versions against this machine's, the dataset against
+    the others', disk and memory against what the run needs."""
+    seen = [r.facts["dataset"] for r in reports if r.facts.get("dataset")]
+    usual = max(seen, key=seen.count) if seen else None  # the most hosts' (ties: the first)
+    for i, r in enumerate(reports):
+        f = r.facts
+        if not f:
+            continue
+        for key, label in (("python", "Python"), ("mlx", "mlx"), ("mlx-fleet", "mlx-fleet")):
+            if f.get(key) != here.get(key):
+                have = f.get(key) or "not installed"
+                r.problems.append(f"{label} {have}, this machine has {here.get(key)}")
+        if f.get("dataset_error"):
+            r.problems.append(f"dataset missing or unreadable ({f['dataset_error']})")
+        elif f.get("dataset") and f["dataset"] != usual:
+            r.problems.append(
+                f"dataset digest {str(f['dataset'])[:12]} differs from the others' "
+                f"{str(usual)[:12]}"
+            )
+        if need_disk and f.get("disk_free", 0) < need_disk:
+            r.problems.append(
+                f"{_gib(f['disk_free'])} free for checkpoints, needs about {_gib(need_disk)}"
+            )
+        if need_mem and f.get("mem_available", 0) < need_mem[i]:
+            r.problems.append(
+                f"{_gib(f['mem_available'])} of memory free, the run expects a peak of about "
+                f"{_gib(need_mem[i])}"
+            )
+
+
+def probe(mlx_argv: list[str], env: dict[str, str], world: int, timeout: float) -> dict:
+    """Start the ranks under mlx.launch with `fleet check _probe`; what they reported."""
+    try:
+        out = subprocess.run(
+            mlx_argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as e:
+        _end_group(e)
+        return {
+            "error": f"the group did not form within {timeout:g} s (a host unreachable, a "
+            f"port blocked, or a peer that never started)"
+        }
+    rows = [
+        json.loads(line.split(PROBE_MARK, 1)[1])
+        for line in out.stdout.splitlines()
+        if PROBE_MARK in line
+    ]
+    if len(rows) < world:
+        tail = "\n".join(out.stderr.strip().splitlines()[-3:])
+        return {"error": f"{len(rows)} of {world} ranks reported{': ' + tail if tail else ''}"}
+    return {"ranks": sorted(rows, key=lambda r: r["rank"])}
+
+
+def _end_group(e: subprocess.TimeoutExpired) -> None:
+    """subprocess.run killed mlx.launch; its ranks, in the same session, go with it."""
+    import contextlib
+    import signal
+
+    pid = getattr(getattr(e, "process", None), "pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def probe_rank(nbytes: int) -> int:
+    """One rank of the probe: join the group, time a tiny all-reduce, then each ring link."""
+    import mlx.core as mx
+
+    from trainer.distributed import Cluster
+
+    c = Cluster()
+    size = int(mx.distributed.all_sum(mx.ones((1,)), group=c.group).item())
+    t0 = time.perf_counter()
+    for _ in range(10):
+        mx.eval(mx.distributed.all_sum(mx.zeros((1,)), group=c.group))
+    latency = (time.perf_counter() - t0) / 10
+    bandwidth, note = None, ""
+    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
+    mx.eval(x)
+    try:
+        # One link at a time (rank k sends to k+1), so no two transfers share a wire.
+        for k in range(c.size if c.size > 1 else 0):
+            mx.eval(mx.distributed.all_sum(mx.zeros((1,)), group=c.group))  # line up
+            if c.rank == k:
+                for _ in range(3):
+                    mx.eval(mx.distributed.send(x, (k + 1) % c.size, group=c.group))
+            elif c.rank == (k + 1) % c.size:
+                best = float("inf")
+                for _ in range(3):  # the best of three: a busy moment is not a slow wire
+                    t0 = time.perf_counter()
+                    mx.eval(mx.distributed.recv_like(x, k, group=c.group))
+                    best = min(best, time.perf_counter() - t0)
+                bandwidth = nbytes / best
+    except (RuntimeError, ValueError) as e:
+        note = f"links not timed: {e}"
+    row = {
+        "rank": c.rank,
+        "size": c.size,
+        "group_sum": size,
+        "backend": c.backend,
+        "host": os.uname().nodename,
+        "latency_s": latency,
+        "in_link_Bps": bandwidth,
+        "note": note,
+    }
+    print(PROBE_MARK + json.dumps(row), flush=True)
+    return 0
+
+
+def links_problems(ranks: list[dict], world: int) -> tuple[list[str], list[str]]:
+    """(problems, warnings): a group of the wrong size fails the check; a link far below the
+    others is flagged (one busy moment on a shared machine can look the same)."""
+    problems, warnings = [], []
+    sizes = {r["size"] for r in ranks}
+    if sizes != {world}:
+        problems.append(
+            f"the ranks formed group(s) of size {sorted(sizes)}, not one group of {world} "
+            "(for JACCL: is the hostfile in rank order?)"
+        )
+    speeds = [r["in_link_Bps"] for r in ranks if r.get("in_link_Bps")]
+    if len(speeds) > 1:
+        median = sorted(speeds)[len(speeds) // 2]
+        for r in ranks:
+            bw = r.get("in_link_Bps")
+            if bw and bw < SLOW_LINK * median:
+                prev = (r["rank"] - 1) % world
+                warnings.append(
+                    f"link rank {prev} -> rank {r['rank']} runs at {bw / 1e9:.2f} GB/s, under a "
+                    f"third of the others' {median / 1e9:.2f} GB/s (Wi-Fi instead of Thunderbolt?)"
+                )
+    return problems, warnings
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def render(
+    reports: list[HostReport], group: dict, problems: list[str], warnings: list[str] = ()
+) -> str:
+    """The table `fleet check` prints, then every problem on its own line."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="fleet check")
+    for col in ("host", "python", "mlx", "mlx-fleet", "dataset", "disk free", "memory free"):
+        t.add_column(col)
+    for r in reports:
+        f = r.facts
+        t.add_row(
+            r.name,
+            str(f.get("python", "-")),
+            str(f.get("mlx", "-")),
+            str(f.get("mlx-fleet", "-")),
+            str(f.get("dataset") or ("missing" if "dataset_error" in f else "-"))[:12],
+            _gib(f["disk_free"]) if "disk_free" in f else "-",
+            _gib(f["mem_available"]) if "mem_available" in f else "-",
+        )
+    g = Table(title="group")
+    for col in ("rank", "host", "group size", "backend", "all-reduce latency", "link in"):
+        g.add_column(col)
+    for row in group.get("ranks", []):
+        bw = row.get("in_link_Bps")
+        g.add_row(
+            str(row["rank"]),
+            row["host"],
+            str(row["size"]),
+            row["backend"],
+            f"{row['latency_s'] * 1e3:.2f} ms",
+            f"{bw / 1e9:.2f} GB/s" if bw else (row.get("note") or "-"),
+        )
+    buf = StringIO()
+    console = Console(file=buf, width=120)
+    console.print(t)
+    if group:
+        console.print(g)
+    lines = [buf.getvalue().rstrip()]
+    lines += [f"warning: {w}" for w in warnings]
+    lines += [f"problem: {p}" for p in problems] or ["no problems found"]
+    return "\n".join(lines)
+
+
+def local_facts(data: str, run_dir: str) -> dict[str, Any]:
+    """FACTS of this machine, with this interpreter."""
+    return host_facts(None, sys.executable, data, run_dir)
+
+
+def add_arguments(parser: Any) -> None:
+    """`fleet check`'s flags: where the ranks run, as `fleet launch` takes them."""
+    import argparse
+
+    parser.description = (
+        "Check a fleet before the first update: ssh and host keys, the same Python, mlx and "
+        "mlx-fleet everywhere, the dataset's digest, free disk and memory, then the group "
+        "itself and the speed of each link. Exits 1 naming each problem."
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-n", type=int, default=0, metavar="N", help="ranks on this machine")
+    where.add_argument("--hostfile", help="mlx.launch's JSON hostfile: one rank per host entry")
+    parser.add_argument("--backend", default=None, help="distributed backend (as fleet launch)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter on every host")
+    parser.add_argument("--starting-port", type=int, default=32323, help="ring backend: first port")
+    parser.add_argument("--nccl-port", type=int, default=12345, help="nccl backend: rank 0 port")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the group may take to form (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bytes",
+        type=int,
+        default=16 << 20,
+        help="bytes sent over each link to time it (default: %(default)s)",
+    )
+    parser.add_argument("--probe-rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- train ARGS: the run to check the fleet for"
+    )
+
+
+def run_check(
+    args: Any, plan: Any, timeout: float = 60.0, nbytes: int = 16 << 20
+) -> tuple[bool, str]:
+    """Every check for `plan` (trainer.launch.Plan), started the way `args` (fleet launch's
+    or fleet check's) starts ranks; (no problems, the report to print)."""
+    from dataclasses import replace
+
+    from trainer.blas import preload_env
+    from trainer.launch import mlx_launch_argv
+
+    cfg = plan.cfg
+    data = cfg.data if cfg is not None and not cfg.synthetic else ""
+    run_dir = cfg.run_dir if cfg is not None else "."
+    here = local_facts("", ".")
+    split = plan.split() if cfg is not None else [0] * plan.world
+    if plan.hosts:
+        names, rank_hosts = [h["ssh"] for h in plan.hosts], list(range(plan.world))
+    else:
+        names, rank_hosts = ["this machine"], [0] * plan.world
+    need_disk, need_mem = 0, [0] * len(names)
+    if cfg is not None:
+        for r, b in enumerate(split):
+            ckpt, peak = expected_bytes(cfg, b)
+            need_disk = (KEEP_CHECKPOINTS + 1) * ckpt
+            need_mem[rank_hosts[r]] += peak
+    reports = []
+    for name in names:
+        report = HostReport(name)
+        try:
+            host = None if not plan.hosts else name
+            report.facts = host_facts(host, args.python, data, run_dir)
+        except RuntimeError as e:
+            report.problems.append(str(e))
+        reports.append(report)
+    compare(reports, here, need_disk, need_mem)
+    problems = [f"{r.name}: {p}" for r in reports for p in r.problems]
+    group: dict = {}
+    warnings: list[str] = []
+    if not problems:  # a group over hosts that fail the checks above would only time out
+        probe_plan = replace(plan, command=["check", "--probe-rank", str(nbytes)])
+        group = probe(mlx_launch_argv(args, probe_plan), preload_env(), plan.world, timeout)
+        if "error" in group:
+            problems.append(f"group: {group['error']}")
+        else:
+            wrong, slow = links_problems(group["ranks"], plan.world)
+            problems += [f"group: {p}" for p in wrong]
+            warnings += [f"group: {w}" for w in slow]
+    return not problems, render(reports, group, problems, warnings)
+
+
+def main(args: Any) -> int:
+    """`fleet check`."""
+    if args.probe_rank:
+        return probe_rank(args.probe_rank)
+    from trainer.launch import LaunchError, plan_launch
+
+    if not args.command:
+        args.command = ["--", "check"]  # no run given: check the hosts and the group only
+    args.restarts = 0
+    try:
+        plan = plan_launch(args)
+    except LaunchError as e:
+        print(f"fleet check: error: {e}", file=sys.stderr)
+        return 2
+    ok, text = run_check(args, plan, args.timeout, args.bytes)
+    print(text)
+    return 0 if ok else 1
