@@ -136,6 +136,16 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "loss": loss,
         "evals": evals,
         "rebalances": rebalances,
+        "restarts": [
+            {
+                "step": e.step,
+                "attempt": e.data.get("attempt"),
+                "reason": e.data.get("reason"),
+                "from": e.data.get("from"),
+                "to": e.data.get("to"),
+            }
+            for e in _unique(events, "restarted")
+        ],
         "events": dict(Counter(e.kind for e in events)),
         "problems": [
             {"rank": e.rank, "step": e.step, "kind": e.kind, "message": e.message}
@@ -235,6 +245,14 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
                 _pct(m["tokens_per_s_change"], signed=True),
             )
         console.print(moves)
+    if summary.get("restarts"):
+        restarts = Table(title="Restarts (fleet launch --restarts)")
+        for col in ("at update", "restart", "after", "split"):
+            restarts.add_column(col)
+        for r in summary["restarts"]:
+            fleet = f"{r['from']} -> {r['to']}" if r["from"] != r["to"] else str(r["to"])
+            restarts.add_row(str(r["step"]), str(r["attempt"]), escape(str(r["reason"])), fleet)
+        console.print(restarts)
     if summary["events"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["events"].items()))
         console.print(f"Events: {counts}")

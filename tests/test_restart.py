@@ -71,6 +71,8 @@ def test_a_run_that_loses_a_rank_restarts_and_matches_an_unfailed_run(tiny_data,
     assert_same_weights(weights(tmp_path / "whole", 10), weights(run, 10))
     kinds = [e.kind for e in read_events(run, 0)]
     assert "restarted" in kinds
+    report = run_fleet("report", str(run)).stdout
+    assert "Restarts" in report and "rank 2" in report  # the restart and whom it was after
 
 
 def test_restarts_need_a_train_command():
