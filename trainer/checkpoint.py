@@ -6,10 +6,11 @@ checkpoint that was complete before it, and of the newest one once its folder is
 - Every file goes into a temporary sibling `.tmp-...` first and is fsynced before the folder
   is renamed into place; the manifest is written last and lists every file's digest, and
   carries a digest of its own fields, so damage anywhere makes the folder fail `verify`.
-- Saving a step again with the same bytes (a `stop` right after a periodic save) renames
-  nothing. Saving it with other bytes (a rebalance while paused) swaps the folders in two
-  renames; between them both copies verify under temporary names, and `adopt` names the newer
-  one (by `serial`, which counts saves in the run directory) again.
+- Saving a step again with the same bytes (a `stop` right after a periodic save) renames no
+  folder: only its manifest is replaced, atomically, with a new serial (the count of saves in
+  the run directory). Saving it with other bytes (a rebalance while paused) swaps the folders
+  in two renames; between them both copies verify under temporary names, and `adopt` gives
+  the step's name back to the newer one.
 - `latest` is a hint, not the truth: a kill between the rename and the link leaves it on an
   older checkpoint, so `resolve` takes the checkpoint saved last that verifies and says so.
 """
@@ -131,7 +132,11 @@ def _commit(ckpts: Path, tmp: Path, final: Path, manifest: dict) -> None:
         return
     have = _verified(final)
     if have is not None and mf.same(have, manifest):
-        shutil.rmtree(tmp, ignore_errors=True)  # saved again unchanged: nothing to rename
+        # Saved again unchanged (a `stop` right after a periodic save): no folder is renamed;
+        # only the manifest is replaced, in one atomic rename, so that its serial marks this
+        # as the last save (a run resumed from an older step may have saved newer ones).
+        atomic_write(final / MANIFEST, _dumps(manifest))
+        shutil.rmtree(tmp, ignore_errors=True)
         return
     # Other bytes for this step (a rebalance while paused; a run resumed from an older
     # checkpoint) or a corrupt copy. Between the renames the step has no folder, but both
