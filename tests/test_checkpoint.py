@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import random
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,6 +17,7 @@ import pytest
 from fleet.cli import main as fleet
 from telemetry.arrowlog import read_updates
 from trainer import checkpoint
+from trainer.manifest import digest as manifest_digest
 
 TINY = ["--depth", "2", "--width", "64", "--heads", "2", "--telemetry-port-base", "0"]
 
@@ -107,8 +111,6 @@ def test_manifest_lists_every_file_with_its_digest(interrupted):
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
-    import shutil
-
     shutil.copytree(src, dst, symlinks=True)
     return dst
 
@@ -227,3 +229,355 @@ def test_replica_digest_sees_one_bit():
     assert checkpoint.replica_digest(a) == checkpoint.replica_digest({"w": mx.ones((4, 4))})
     assert checkpoint.replica_digest(a) != checkpoint.replica_digest(b)
     assert checkpoint.replica_digest(a) != checkpoint.replica_digest(c)
+
+
+# --- crash-proof saves: a kill at any file operation (issue 11, defects 2-5) ---------------
+IDENT = {"architecture": {"d": 1}, "tokenizer": {}, "dataset": "x", "global_batch": {}}
+
+
+def tiny_save(run: Path, step: int, version: str = "a", *, agree: bool = True, keep: int = 0):
+    """A tiny checkpoint: weights depend on the step, state on the version (a rebalance)."""
+    return checkpoint.save(
+        run,
+        step,
+        params={"w": mx.full((2, 3), float(step))},
+        optimizer_state={"step": mx.array(step, dtype=mx.uint64)},
+        state={"step": step, "version": version},
+        config={},
+        identity={**IDENT, "replicas_agree": agree},
+        keep=keep,
+        make_latest=agree,
+    )
+
+
+class Killed(BaseException):
+    """A kill -9 at a file operation: a BaseException, so no `except OSError` swallows it."""
+
+
+class Faults:
+    """Counts file operations and raises Killed instead of performing the `at`-th one.
+
+    fsync is counted but not performed: a killed process loses nothing the page cache holds,
+    and a thousand real fsyncs would make this test slow.
+    """
+
+    OPS = ("rename", "replace", "symlink", "unlink", "rmdir", "mkdir", "fsync")
+
+    def __init__(self, mp: pytest.MonkeyPatch, at: int = 0) -> None:
+        self.at, self.count = at, 0
+        for name in self.OPS:
+            real = (lambda fd: None) if name == "fsync" else getattr(os, name)
+            mp.setattr(os, name, self._wrap(real))
+        mp.setattr(mx, "save_safetensors", self._wrap(mx.save_safetensors))
+
+    def _wrap(self, fn):
+        def op(*args, **kwargs):
+            self.count += 1
+            if self.count == self.at:
+                raise Killed(f"killed at file operation {self.at} ({fn.__name__})")
+            return fn(*args, **kwargs)
+
+        return op
+
+
+# step, version, replicas agree: a new step, the same step saved again unchanged (a stop right
+# after a periodic save), again with another state (a rebalance while paused), older steps
+# saved again (a run resumed from an older checkpoint: unchanged, then changed), and a save
+# whose replicas disagreed (never latest).
+PLAN = [(1, "a", True), (2, "a", True), (2, "a", True), (2, "b", True), (3, "a", True)]
+PLAN += [(3, "a", True), (2, "b", True), (1, "r", True), (4, "a", False)]
+
+
+def kill_every_operation(tmp_path: Path, keep: int):
+    """For a kill at each file operation of PLAN in turn: (run folder, saves that returned).
+
+    PLAN runs once, keeping a copy of the folder as it was before each save; each kill then
+    replays only the save it cuts short, on a copy of that.
+    """
+    base, before, counts = tmp_path / "base", [], []
+    for j, entry in enumerate(PLAN):
+        before.append(tmp_path / f"before-{j}")
+        if base.exists():
+            shutil.copytree(base, before[j], symlinks=True)
+        with pytest.MonkeyPatch.context() as mp:
+            faults = Faults(mp)
+            tiny_save(base, *entry[:2], agree=entry[2], keep=keep)
+        counts.append(faults.count)
+    for j, entry in enumerate(PLAN):
+        for at in range(1, counts[j] + 1):
+            run = tmp_path / f"kill-{j}-{at}"
+            if before[j].exists():  # hard links: a save never writes into an existing file
+                shutil.copytree(before[j], run, symlinks=True, copy_function=os.link)
+            with pytest.MonkeyPatch.context() as mp, pytest.raises(Killed):
+                Faults(mp, at)
+                tiny_save(run, *entry[:2], agree=entry[2], keep=keep)
+            yield run, PLAN[:j], f"killed at file operation {at} of {counts[j]} of {entry}"
+
+
+def verified_copies(run: Path) -> dict[int, set[str]]:
+    """Every folder that verifies, whatever its name: {step: {versions}}."""
+    found: dict[int, set[str]] = {}
+    folders = checkpoint.root(run).iterdir() if checkpoint.root(run).is_dir() else []
+    for p in folders:
+        try:
+            manifest = checkpoint.verify(p)
+        except checkpoint.CheckpointError:
+            continue
+        version = checkpoint.read_json(p, checkpoint.STATE)["version"]
+        found.setdefault(manifest["step"], set()).add(version)
+    return found
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+def test_a_kill_at_any_file_operation_keeps_the_newest_checkpoint(tmp_path, keep):
+    kills = 0
+    for run, done, where in kill_every_operation(tmp_path, keep):
+        kills += 1
+        flying = PLAN[len(done)]
+        before = verified_copies(run)
+        last = [(s, v) for s, v, agree in done if agree][-1:]
+        newest = last[0][0] if last else None  # the last save that returned, not the top step
+        if newest is None:
+            with contextlib.suppress(checkpoint.CheckpointError):
+                checkpoint.resolve(run, "latest")
+            continue
+        # at the instant of the kill a complete, verified copy of the newest one exists (or
+        # of the one being saved: a kill while pruning comes after its folder is in place)
+        assert newest in before or (flying[2] and flying[0] in before), where
+        link = checkpoint.root(run) / checkpoint.LATEST
+        named = os.readlink(link) if link.is_symlink() else None
+        path, manifest, warnings = checkpoint.resolve(run, "latest")
+        version = checkpoint.read_json(path, checkpoint.STATE)["version"]
+        allowed = set(last) | ({flying[:2]} if flying[2] else set())
+        assert (manifest["step"], version) in allowed, where
+        assert manifest["replicas_agree"] is True, where
+        if named != path.name:  # `latest` did not name it: a warning says what was taken
+            assert any(path.name in w for w in warnings), (where, warnings)
+        # start-up clean-up (after the resolve, as `fleet train` does) loses nothing verified
+        checkpoint.clear_orphans(run)
+        checkpoint.verify(path)
+        after = verified_copies(run)
+        for step in before:
+            assert checkpoint.verify(checkpoint.step_dir(run, step))["step"] == step, where
+        assert set(after) == set(before), where
+        assert checkpoint.resolve(run, "latest")[0] == path, where
+    assert kills > 150
+
+
+def test_saving_a_step_again_unchanged_renames_nothing(tmp_path, monkeypatch):
+    tiny_save(tmp_path, 1)
+    folder = checkpoint.step_dir(tmp_path, 1)
+    inode = folder.stat().st_ino
+    renames = []
+    real = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b: (renames.append((a, b)), real(a, b)))
+    tiny_save(tmp_path, 1, keep=1)
+    assert not [r for r in renames if Path(r[0]).name == folder.name]
+    assert folder.stat().st_ino == inode
+    checkpoint.verify(folder)
+    assert checkpoint.clear_orphans(tmp_path) == []
+
+
+def test_a_step_saved_again_with_another_state_replaces_it(tmp_path):
+    tiny_save(tmp_path, 1)
+    tiny_save(tmp_path, 1, "rebalanced")
+    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert checkpoint.read_json(path, checkpoint.STATE)["version"] == "rebalanced"
+    assert warnings == []
+    assert not [p for p in checkpoint.root(tmp_path).iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_latest_left_behind_by_a_kill_resolves_to_the_newer_checkpoint(tmp_path, monkeypatch):
+    tiny_save(tmp_path, 1)
+    with monkeypatch.context() as mp:
+        mp.setattr(checkpoint, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
+        with pytest.raises(Killed):
+            tiny_save(tmp_path, 2)
+    assert os.readlink(checkpoint.root(tmp_path) / checkpoint.LATEST) == "step-000001"
+    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert path.name == "step-000002"
+    assert any("step-000001" in w and "resuming from step-000002" in w for w in warnings)
+
+
+def test_a_run_resumed_from_an_older_step_keeps_its_own_latest(tmp_path):
+    for step in (1, 2, 3):
+        tiny_save(tmp_path, step)
+    tiny_save(tmp_path, 2, "branch")  # resumed from step 1 with other settings: step 2 differs
+    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert path.name == "step-000002" and warnings == []
+    assert checkpoint.read_json(path, checkpoint.STATE)["version"] == "branch"
+
+
+def test_an_older_step_saved_again_unchanged_is_still_the_last_save(tmp_path, monkeypatch):
+    tiny_save(tmp_path, 1)
+    tiny_save(tmp_path, 2)
+    tiny_save(tmp_path, 3, "rebalanced")
+    with monkeypatch.context() as mp:  # resumed from step 1, step 2 replayed bit for bit
+        mp.setattr(checkpoint, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
+        with pytest.raises(Killed):
+            tiny_save(tmp_path, 2)
+    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert path.name == "step-000002"
+    assert any("saved after it" in w and "resuming from step-000002" in w for w in warnings)
+
+
+def test_clear_orphans_adopts_a_verified_copy_left_between_renames(tmp_path):
+    tiny_save(tmp_path, 1)
+    tiny_save(tmp_path, 2)
+    ckpts = checkpoint.root(tmp_path)
+    parked = ckpts / ".tmp-old-step-000002-999"
+    os.rename(checkpoint.step_dir(tmp_path, 2), parked)  # the kill between a re-save's renames
+    assert checkpoint.clear_orphans(tmp_path) == []
+    assert not parked.exists()
+    assert checkpoint.resolve(tmp_path, "latest")[0].name == "step-000002"
+    # reported by adopt when start-up asks first
+    os.rename(checkpoint.step_dir(tmp_path, 2), parked)
+    assert [(a.name, b.name) for a, b in checkpoint.adopt(tmp_path)] == [
+        (parked.name, "step-000002")
+    ]
+
+
+def test_clear_orphans_keeps_the_newer_copy_and_removes_a_duplicate(tmp_path):
+    tiny_save(tmp_path, 1)
+    ckpts = checkpoint.root(tmp_path)
+    shutil.copytree(checkpoint.step_dir(tmp_path, 1), ckpts / ".tmp-step-000001-999")
+    assert [p.name for p in checkpoint.clear_orphans(tmp_path)] == [".tmp-step-000001-999"]
+    # a verified copy beside a corrupt folder of its step takes its place
+    tiny_save(tmp_path, 2)
+    shutil.copytree(checkpoint.step_dir(tmp_path, 2), ckpts / ".tmp-step-000002-999")
+    (checkpoint.step_dir(tmp_path, 2) / checkpoint.WEIGHTS).write_bytes(b"rot")
+    removed = checkpoint.clear_orphans(tmp_path)
+    assert [p.name for p in removed] == [f".tmp-corrupt-step-000002-{os.getpid()}"]
+    checkpoint.verify(checkpoint.step_dir(tmp_path, 2))
+
+
+def two_checkpoints(run: Path) -> Path:
+    """Steps 1 and 2; returns the newest one's manifest path."""
+    tiny_save(run, 1)
+    tiny_save(run, 2)
+    return checkpoint.step_dir(run, 2) / checkpoint.MANIFEST
+
+
+def assert_falls_back(run: Path) -> None:
+    path, _, warnings = checkpoint.resolve(run, "latest")
+    assert path.name == "step-000001"
+    assert any("skipping step-000002" in w for w in warnings), warnings
+    assert any("resuming from step-000001" in w for w in warnings), warnings
+
+
+MALFORMED = {
+    "entry without size": lambda m: m["files"][checkpoint.WEIGHTS].pop("size"),
+    "entry without sha256": lambda m: m["files"][checkpoint.STATE].pop("sha256"),
+    "size as a string": lambda m: m["files"][checkpoint.STATE].update(size="12"),
+    "files as a list": lambda m: m.update(files=list(m["files"].values())),
+    "entry as a string": lambda m: m["files"].update({checkpoint.CONFIG: "deadbeef"}),
+    "no files": lambda m: m.pop("files"),
+    "no step": lambda m: m.pop("step"),
+    "another step": lambda m: m.update(step=7),
+    "no format": lambda m: m.pop("format"),
+}
+
+
+@pytest.mark.parametrize("sign", ["digest kept", "digest redone", "old format"])
+@pytest.mark.parametrize("damage", MALFORMED)
+def test_malformed_manifest_is_corrupt_and_latest_falls_back(tmp_path, damage, sign):
+    where = two_checkpoints(tmp_path)
+    manifest = json.loads(where.read_text())
+    MALFORMED[damage](manifest)
+    if sign == "old format":  # a format-1 manifest has no digest: the fields are checked alone
+        manifest.pop("digest"), manifest.update(format=1) if "format" in manifest else None
+    elif sign == "digest redone":
+        manifest["digest"] = manifest_digest(manifest)
+    where.write_text(json.dumps(manifest))
+    with pytest.raises(checkpoint.CheckpointError, match="manifest"):
+        checkpoint.verify(where.parent)
+    assert_falls_back(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["[]", '"step"', "null", "{", "\xff"])
+def test_manifest_that_is_not_an_object_is_corrupt(tmp_path, text):
+    where = two_checkpoints(tmp_path)
+    where.write_bytes(text.encode("latin-1"))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+        checkpoint.verify(where.parent)
+    assert_falls_back(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("architecture", {"d": 2}),
+        ("dataset", "y"),
+        ("tokenizer", {"vocab": 1}),
+        ("global_batch", {"accum": 9}),
+        ("replicas_agree", False),
+        ("serial", 99),
+    ],
+)
+def test_a_damaged_manifest_field_fails_its_digest(tmp_path, field, value):
+    where = two_checkpoints(tmp_path)
+    manifest = json.loads(where.read_text())
+    manifest[field] = value
+    where.write_text(json.dumps(manifest))
+    with pytest.raises(checkpoint.CheckpointError, match="own digest"):
+        checkpoint.verify(where.parent)
+    assert_falls_back(tmp_path)
+
+
+def flip_trials(tmp_path: Path, flips) -> None:
+    """Apply each damage to the newest manifest; resolve must fall back, or read the same."""
+    where = two_checkpoints(tmp_path)
+    original = where.read_bytes()
+    parsed = json.loads(original)
+    for n, damage in enumerate(flips):
+        data = bytearray(original)
+        damage(data)
+        where.write_bytes(bytes(data))
+        try:
+            path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
+        except checkpoint.CheckpointError as e:  # allowed, but step 1 is intact: never expected
+            raise AssertionError(f"trial {n}: no fallback: {e}") from None
+        if path.name == "step-000002":  # only a change that reads as the very same manifest
+            assert manifest == parsed, f"trial {n}: took the damaged manifest"
+        else:
+            assert path.name == "step-000001", n
+            assert any("step-000002" in w for w in warnings), (n, warnings)
+    where.write_bytes(original)
+
+
+def test_any_single_bit_flip_in_the_manifest_falls_back(tmp_path):
+    rng = random.Random(11)
+    size = len((two_checkpoints(tmp_path / "probe")).read_bytes())
+    bits = rng.sample(range(size * 8), 600)
+
+    def flip(bit: int):
+        return lambda data: data.__setitem__(bit // 8, data[bit // 8] ^ (1 << bit % 8))
+
+    flip_trials(tmp_path / "run", [flip(b) for b in bits])
+
+
+def test_random_byte_damage_in_the_manifest_falls_back(tmp_path):
+    rng = random.Random(12)
+    size = len((two_checkpoints(tmp_path / "probe")).read_bytes())
+
+    def smash(at: int, value: int):
+        return lambda data: data.__setitem__(at, value)
+
+    trials = [smash(rng.randrange(size), rng.randrange(256)) for _ in range(300)]
+    trials += [lambda data, n=n: data.__delitem__(slice(n, None)) for n in range(0, size, 97)]
+    flip_trials(tmp_path / "run", trials)
+
+
+def test_a_format_1_checkpoint_is_accepted_with_a_warning(tmp_path):
+    where = two_checkpoints(tmp_path)
+    for p in (where, checkpoint.step_dir(tmp_path, 1) / checkpoint.MANIFEST):
+        manifest = json.loads(p.read_text())
+        for key in ("digest", "serial"):
+            manifest.pop(key)
+        p.write_text(json.dumps({**manifest, "format": 1}))
+    path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert path.name == "step-000002" and manifest["format"] == 1
+    assert any("step-000002" in w and "no digest of its own" in w for w in warnings)
+    tiny_save(tmp_path, 3)  # a new save in an old run directory is the newest
+    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert path.name == "step-000003" and warnings == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import mlx.core as mx
 import pytest
 
 from telemetry.control import CommandQueue
@@ -62,6 +63,37 @@ def test_replica_mismatch_names_the_rank_and_keeps_latest(tmp_path, capsys):
     assert checkpoint.step_dir(run, 6).exists()
     found, _, warnings = checkpoint.resolve(run, "latest")
     assert found.name == "step-000004"
+
+
+def test_a_disagreeing_checkpoint_is_never_taken_even_without_latest(tmp_path):
+    def save(step: int, agree: bool) -> None:
+        checkpoint.save(
+            tmp_path,
+            step,
+            params={"w": mx.full((2,), float(step))},
+            optimizer_state={},
+            state={"step": step},
+            config={},
+            identity={"replicas_agree": agree},
+            make_latest=agree,
+        )
+
+    save(4, True)
+    save(6, False)  # the newest save, by step and by serial
+    link = checkpoint.root(tmp_path) / checkpoint.LATEST
+    for damage in ("none", "dangling", "missing"):
+        if damage == "dangling":
+            link.unlink()
+            link.symlink_to("step-000008")
+        elif damage == "missing":
+            link.unlink()
+        path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
+        assert path.name == "step-000004" and manifest["replicas_agree"] is True, damage
+        assert any("step-000006" in w and "disagreed" in w for w in warnings), damage
+        if damage != "none":
+            assert any("resuming from step-000004" in w for w in warnings), damage
+    assert checkpoint.clear_orphans(tmp_path) == []
+    assert checkpoint.step_dir(tmp_path, 6).exists()  # kept for inspection, never latest
 
 
 def test_controller_refuses_before_broadcasting():

@@ -226,6 +226,8 @@ def open_run(
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cluster.is_root:
+        for tmp, dest in checkpoint.adopt(run_dir):
+            say(f"recovered checkpoint {dest.name} from {tmp.name}, left by a save cut short")
         for p in checkpoint.clear_orphans(run_dir):
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
