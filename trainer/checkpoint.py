@@ -40,6 +40,10 @@ LATEST = "latest"
 _TMP_PREFIX = ".tmp-"
 
 
+class NoSpace(OSError):
+    """The disk cannot hold the checkpoint: nothing of it is left behind."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt or does not fit this run."""
 
@@ -93,14 +97,36 @@ def save(
     ckpts.mkdir(parents=True, exist_ok=True)
     final = step_dir(run_dir, step)
     tmp = ckpts / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    need = _array_bytes(params) + _array_bytes(optimizer_state) + (1 << 20)
+    free = shutil.disk_usage(ckpts).free
+    if free < need:
+        raise NoSpace(
+            f"no space for checkpoint {final.name} in {ckpts}: it needs about {_mib(need)}, "
+            f"{_mib(free)} free"
+        )
     fields = {**identity, "step": step, "serial": _next_serial(ckpts), "mlx": mx.__version__}
-    manifest = _write_folder(tmp, params, optimizer_state, state, config, fields)
+    try:
+        manifest = _write_folder(tmp, params, optimizer_state, state, config, fields)
+    except (OSError, RuntimeError) as e:  # MLX says "[write] Unable to write N bytes"
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial goes at once, not at next start
+        free = shutil.disk_usage(ckpts).free
+        raise NoSpace(
+            f"could not write checkpoint {final.name} in {ckpts} ({e}); {_mib(free)} free"
+        ) from None
     _commit(ckpts, tmp, final, manifest)
     if make_latest:
         point_latest(run_dir, final)
     if keep > 0:
         prune(run_dir, keep)
     return final
+
+
+def _array_bytes(tree: Any) -> int:
+    return sum(a.nbytes for _, a in tree_flatten(tree))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _write_folder(

@@ -89,6 +89,12 @@ class TrainConfig:
     # --- checkpoints
     checkpoint_every: int = _f(0, "checkpoint every N updates (0 = only at the end)")
     keep_checkpoints: int = _f(3, "checkpoints to keep (0 = all)")
+    on_checkpoint_error: str = _f(
+        "continue",
+        "when a checkpoint cannot be written (disk full): continue training and try again at "
+        "the next one, or stop (with one more try)",
+        choices=("continue", "stop"),
+    )
     resume: str = _f("", "resume from a checkpoint folder, or `latest` in --run-dir")
     resume_disagreeing: bool = _f(
         False,

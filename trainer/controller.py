@@ -55,12 +55,12 @@ class Controller:
     def exchange(self, split: list[int], peak: float = 0.0) -> Action:
         """Called by every rank at every boundary (and as the heartbeat while paused), with
         this rank's peak memory of the last update in bytes."""
-        pending, name, payload = None, "none", []
+        pending, name, payload, reason = None, "none", [], "command"
         if self.cluster.is_root:
             while (pending := self.queue.poll()) is not None:
                 why = self._refusal(pending, split)
                 if why is None:
-                    name = pending.cmd
+                    name, reason = pending.cmd, pending.args.get("reason", reason)
                     payload = list(pending.args.get("split", [])) if name == "rebalance" else []
                     break
                 pending.resolve(CommandResult(ok=False, error=why))
@@ -70,7 +70,6 @@ class Controller:
         name, payload, every = self.cluster.broadcast_command(name, payload, figures)
         self.peaks = [f[0] * MiB for f in every]
         asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
-        reason = "command"
         if asked and name in ("none", "heartbeat"):  # a signal outranks nothing but a command
             rank, signum = asked[0]
             name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,17 +171,21 @@ class Run:
         agree = len(set(digests)) == 1
         path = None
         if self.cluster.is_root:
-            path = checkpoint.save(
-                self.cfg.run_dir,
-                step,
-                params=model.parameters(),
-                optimizer_state=opt.state,
-                state={**self.state, "rng": "reseeded from --seed and the step"},
-                config=self.cfg.to_dict(),
-                identity={**self.identity, "replicas_agree": agree},
-                keep=self.cfg.keep_checkpoints,
-                make_latest=agree,
-            )
+            try:
+                path = checkpoint.save(
+                    self.cfg.run_dir,
+                    step,
+                    params=model.parameters(),
+                    optimizer_state=opt.state,
+                    state={**self.state, "rng": "reseeded from --seed and the step"},
+                    config=self.cfg.to_dict(),
+                    identity={**self.identity, "replicas_agree": agree},
+                    keep=self.cfg.keep_checkpoints,
+                    make_latest=agree,
+                )
+            except checkpoint.NoSpace as e:
+                self.checkpoint_failed(str(e))
+                return None
             self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
         self.last_saved, self.saved_at = path, step
         if not agree:
@@ -191,6 +196,23 @@ class Run:
                 f"checkpoint {path or ''} kept but not made latest"
             )
         return path
+
+    def checkpoint_failed(self, why: str) -> None:
+        """A save that could not be written (rank 0): the previous checkpoint is untouched.
+        Training goes on and tries again at the next checkpoint, or with
+        --on-checkpoint-error stop, stops at the next boundary (trying once more)."""
+        newest = self.last_saved or "none yet"
+        plan = (
+            "stopping at the next update"
+            if self.cfg.on_checkpoint_error == "stop"
+            else "training on; the next checkpoint tries again"
+        )
+        print(
+            f"fleet train: {why}; newest checkpoint: {newest}; {plan}", file=sys.stderr, flush=True
+        )
+        self.event("error", why, newest=str(newest))
+        if self.cfg.on_checkpoint_error == "stop" and not self.stopping:
+            self.commands.submit("stop", {"reason": "a checkpoint that could not be written"})
 
     def rebalance(self, split: list[int]) -> None:
         """Take a new batch split from this boundary on (same global batch: same math)."""

@@ -130,6 +130,14 @@ def train(
 
             if not run.stopping and run.saved_at != state["step"]:
                 run.save()
+        if run.saved_at != state["step"]:  # the last save failed: say what is not saved
+            print(
+                f"fleet train: stopped at update {state['step']} without a checkpoint of it; "
+                f"resume from {run.last_saved or 'the start'} (free some disk first)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         say(
             f"done: {state['step']} updates, {state['tokens']:,} tokens; "
             f"checkpoint {run.last_saved}"
