@@ -136,6 +136,15 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         "loss": loss,
         "evals": evals,
         "rebalances": rebalances,
+        "best": min(
+            (e for e in evals if isinstance(e["val_loss"], int | float)),
+            key=lambda e: e["val_loss"],
+            default=None,
+        ),
+        "stops": [
+            {"step": e.step, "reason": e.data.get("reason", "command"), "message": e.message}
+            for e in _unique(events, "stopped")
+        ],
         "restarts": [
             {
                 "step": e.step,
@@ -229,6 +238,10 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
                 f"{e['val_tokens']:,}" if isinstance(e["val_tokens"], int) else "-",
             )
         console.print(evals)
+    if best := summary.get("best"):
+        console.print(f"Best validation loss: {best['val_loss']:.4f} at update {best['step']}")
+    for s in summary.get("stops", []):
+        console.print(f"Stopped at update {s['step']}: {escape(s['message'])}")
     if summary["rebalances"]:
         moves = Table(title="Rebalances (medians before -> after)")
         for col in ("step", "from", "to", "update time", "change", "global tok/s", "change"):

@@ -37,6 +37,7 @@ from trainer.manifest import STATE as STATE
 from trainer.manifest import WEIGHTS as WEIGHTS
 
 LATEST = "latest"
+BEST = "best"  # the checkpoint of the lowest validation loss (kept by --eval-every)
 _TMP_PREFIX = ".tmp-"
 
 
@@ -184,9 +185,18 @@ def _next_serial(ckpts: Path) -> int:
 
 def point_latest(run_dir: str | Path, target: Path) -> None:
     """Replace the `latest` link atomically (a new link renamed over the old one)."""
+    _point(run_dir, LATEST, target)
+
+
+def point_best(run_dir: str | Path, target: Path) -> None:
+    """Replace the `best` link atomically; `prune` never removes what it points to."""
+    _point(run_dir, BEST, target)
+
+
+def _point(run_dir: str | Path, name: str, target: Path) -> None:
     ckpts = root(run_dir)
-    link = ckpts / LATEST
-    tmp = ckpts / f"{_TMP_PREFIX}latest-{os.getpid()}"
+    link = ckpts / name
+    tmp = ckpts / f"{_TMP_PREFIX}{name}-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
@@ -203,10 +213,10 @@ def complete(run_dir: str | Path) -> list[Path]:
 
 
 def prune(run_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints, never the one `latest` points to."""
-    link = root(run_dir) / LATEST
-    pinned = link.resolve() if link.is_symlink() else None
-    doomed = [p for p in complete(run_dir)[:-keep] if p.resolve() != pinned]
+    """Delete all but the newest `keep` checkpoints, never one `latest` or `best` points to."""
+    links = (root(run_dir) / name for name in (LATEST, BEST))
+    pinned = {link.resolve() for link in links if link.is_symlink()}
+    doomed = [p for p in complete(run_dir)[:-keep] if p.resolve() not in pinned]
     for p in doomed:
         # Renamed away first: a kill mid-delete leaves a `.tmp-` folder that start-up clears,
         # never a step folder with some of its files gone.
@@ -359,13 +369,23 @@ def _legacy(path: Path, manifest: dict) -> list[str]:
 
 
 def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
-    """Find and verify the checkpoint to resume: a folder, or `latest` with fallback.
+    """Find and verify the checkpoint to resume: a folder, `best`, or `latest` with fallback.
 
     `latest` is the checkpoint saved last (highest serial, then step) that verifies and whose
     replicas agreed; each one skipped, and a `latest` link that points elsewhere, is reported.
     Copies a kill left under temporary names are adopted first. An explicit folder that fails
     verification is an error.
     """
+    if which == BEST:
+        link = root(run_dir) / BEST
+        if not link.is_symlink():
+            raise CheckpointError(
+                f"{run_dir} kept no best checkpoint: a run keeps one when it evaluates "
+                "(--eval-every N)"
+            )
+        path = link.resolve()
+        manifest = verify(path)
+        return path, manifest, _legacy(path, manifest)
     if which != LATEST:
         path = Path(which)
         manifest = verify(path)

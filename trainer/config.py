@@ -84,6 +84,14 @@ class TrainConfig:
     eval_every: int = _f(0, "token-weighted loss on the held-out split every N updates (0 = never)")
     eval_samples: int = _f(256, "held-out samples per evaluation (0 = all)")
     sample_every: int = _f(0, "generate text from --prompt every N updates (0 = never)")
+    early_stop_patience: int = _f(
+        0,
+        "stop (with a checkpoint) after this many evaluations without a new best validation "
+        "loss (0 = never); a resume starts counting again",
+    )
+    early_stop_min_delta: float = _f(
+        0.0, "how much lower than the best a validation loss must be to count as a new best"
+    )
     prompt: str = _f("def ", "prompt for generated samples")
     sample_tokens: int = _f(64, "tokens to generate per sample")
     # --- checkpoints
@@ -202,6 +210,8 @@ class TrainConfig:
             "weight_decay",
             "grad_clip",
             "telemetry_port_base",
+            "early_stop_patience",
+            "early_stop_min_delta",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

@@ -148,6 +148,48 @@ class Run:
         loss, tokens = c.all_sum_floats([loss, tokens])
         return loss / max(tokens, 1.0), int(tokens)
 
+    def note_eval(self, val_loss: float, val_tokens: int) -> str | None:
+        """Report an evaluation, keep the best checkpoint (`best`, never pruned) and count
+        evaluations without a new best; returns why the run should stop early, or None.
+        Every rank calls it with the same loss (summed over ranks): all decide alike."""
+        s, cfg = self.state, self.cfg
+        s["evals"] = [*s.get("evals", []), [s["step"], val_loss]][-50:]
+        best = s.get("best")
+        improved = best is None or val_loss < best["val_loss"] - cfg.early_stop_min_delta
+        if improved:
+            best = s["best"] = {"step": s["step"], "val_loss": val_loss}
+            s["evals_since_best"] = 0
+            path = self.save() if self.saved_at != s["step"] else self.last_saved
+            if path is not None and self.cluster.is_root:
+                checkpoint.point_best(cfg.run_dir, path)
+        self.event(
+            "eval",
+            f"val loss {val_loss:.4f} (best {best['val_loss']:.4f} at update {best['step']})",
+            val_loss=val_loss,
+            val_tokens=val_tokens,
+            best_val_loss=best["val_loss"],
+            best_step=best["step"],
+        )
+        if improved:
+            return None
+        s["evals_since_best"] = s.get("evals_since_best", 0) + 1
+        if not cfg.early_stop_patience or s["evals_since_best"] < cfg.early_stop_patience:
+            return None
+        recent = s["evals"][-cfg.early_stop_patience :]
+        seen = ", ".join(f"{loss:.4f} (update {step})" for step, loss in recent)
+        return (
+            f"early stop at update {s['step']}: the best validation loss is "
+            f"{best['val_loss']:.4f} at update {best['step']}; the last {len(recent)} "
+            f"evaluations ({seen}) were none lower by --early-stop-min-delta "
+            f"{cfg.early_stop_min_delta:g}; resume with --resume latest to go on"
+        )
+
+    def stop_early(self, why: str) -> None:
+        """End the run at this boundary with a checkpoint, the reason in the log."""
+        path = self.save() if self.saved_at != self.state["step"] else self.last_saved
+        self.event("stopped", why, reason="early stop", checkpoint=str(path or ""))
+        self.stopping = True
+
     def sample(self) -> str:
         """Text generated from the prompt (rank 0 only; no collectives)."""
         if self.data.tokenizer is None:
@@ -291,6 +333,7 @@ def open_run(
             f"({state['tokens']:,} tokens, data cursor {state['cursor']:,})"
         )
     state["start_step"] = state["step"]
+    state["evals_since_best"] = 0  # early-stop patience counts within one session
 
     # --- the compiled update (it captures the optimizer state: build it once that is final)
     slowdown = cfg.slowdown(world, rank)

@@ -90,9 +90,10 @@ def train(
                     watchdog.progress("eval")
                     val_loss, val_tokens = run.evaluate()
                     say(f"eval  step {step}: val loss {val_loss:.4f} over {val_tokens:,} tokens")
-                    run.event(
-                        "eval", f"val loss {val_loss:.4f}", val_loss=val_loss, val_tokens=val_tokens
-                    )
+                    if (why := run.note_eval(val_loss, val_tokens)) is not None:
+                        say(why)
+                        run.stop_early(why)  # with a checkpoint: --resume latest goes on
+                        break
                 if cfg.sample_every and step % cfg.sample_every == 0 and cluster.is_root:
                     text = run.sample()
                     say(f"sample step {step}: {text!r}")
