@@ -64,7 +64,14 @@ class TrainConfig:
         0, "checkpoint and exit at this update, keeping the schedule of --updates (0 = never)"
     )
     # --- optimizer
+    optimizer: str = _f(
+        "adamw",
+        "adamw on every weight, or muon: Muon for the blocks' matrices and AdamW for the "
+        "embedding and the head, as nanochat",
+        choices=("adamw", "muon"),
+    )
     lr: float = _f(2e-3, "peak learning rate (AdamW)")
+    muon_lr: float = _f(0.02, "peak learning rate of Muon's matrices (--optimizer muon)")
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr")
     warmup: float = _f(0.05, "warmup as a fraction of the run's planned tokens")
     decay: str = _f(
@@ -219,6 +226,8 @@ class TrainConfig:
             raise ConfigError(f"--warmup is a fraction of the run, got {self.warmup}")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.muon_lr <= 0:
+            raise ConfigError(f"--muon-lr must be positive, got {self.muon_lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"--min-lr-ratio is a fraction of --lr, got {self.min_lr_ratio}")
         for name in ("beta1", "beta2"):

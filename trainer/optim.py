@@ -48,8 +48,34 @@ class Schedule:
         return floor + (self.peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
-    """AdamW on every weight: the model has only matrices (no biases, no norm gains).
+def make_optimizer(cfg: TrainConfig) -> optim.Optimizer:
+    """The optimizer of `--optimizer`: AdamW on every weight, or Muon and AdamW."""
+    return MuonAdamW(cfg) if cfg.optimizer == "muon" else adamw(cfg)
+
+
+class MuonAdamW(optim.MultiOptimizer):
+    """Muon (Newton-Schulz orthogonalized momentum) for the blocks' 2-D matrices and AdamW
+    for the embedding and the head, as nanochat trains. The schedule's rate drives both: at
+    its peak AdamW runs at --lr and Muon at --muon-lr."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        muon = optim.Muon(learning_rate=cfg.muon_lr, momentum=0.95, weight_decay=0.0)
+        hidden = lambda path, p: path.startswith("blocks.") and p.ndim == 2  # noqa: E731
+        super().__init__([muon, adamw(cfg)], [hidden])
+        self.muon_ratio = cfg.muon_lr / cfg.lr
+
+    @property
+    def learning_rate(self):
+        return self.optimizers[1].learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, lr) -> None:
+        self.optimizers[0].learning_rate = lr * self.muon_ratio
+        self.optimizers[1].learning_rate = lr
+
+
+def adamw(cfg: TrainConfig) -> optim.AdamW:
+    """AdamW on every weight it is given: the model has only matrices (no biases, no gains).
 
     Bias correction on, as in PyTorch's AdamW and the papers (MLX defaults to off).
     """

@@ -1,0 +1,48 @@
+"""--optimizer muon: Muon for the blocks' matrices, AdamW for the embedding and the head;
+resume is exact and the split never changes the update, as with AdamW."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from tests.test_distributed import assert_same_weights, launch, single, weights
+from trainer.config import TrainConfig
+from trainer.model import GPT, ModelConfig
+from trainer.optim import MuonAdamW, make_optimizer
+
+MUON = ("--optimizer", "muon")
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = GPT(ModelConfig.from_sizes(depth=1, width=64, heads=1, vocab=128, seq_len=16))
+    opt = make_optimizer(TrainConfig(synthetic=True, optimizer="muon", lr=1e-3, muon_lr=0.02))
+    assert isinstance(opt, MuonAdamW)
+    opt.init(model.trainable_parameters())
+    muon, adamw = (dict(tree_flatten(s)) for s in opt.state["states"])
+    assert {k for k in muon if k.endswith(".v")} == {
+        f"blocks.0.{n}.weight.v"
+        for n in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
+    assert {k.rsplit(".", 1)[0] for k in adamw if k.endswith((".m", ".v"))} == {
+        "wte.weight",
+        "lm_head.weight",
+    }
+    opt.learning_rate = mx.array(5e-4)  # the schedule's rate scales both, in proportion
+    assert np.isclose(opt.optimizers[0].learning_rate.item(), 0.01)
+    assert np.isclose(opt.optimizers[1].learning_rate.item(), 5e-4)
+
+
+@pytest.mark.slow
+def test_muon_resumes_exactly_and_any_split_gives_the_same_update(tiny_data, tmp_path):
+    both = ("--updates", "4", "--checkpoint-every", "2", *MUON)
+    single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
+    # the same run stopped at 2 and resumed
+    single(tiny_data, tmp_path / "legs", "--local-batch", "6", *both, "--stop-at", "2")
+    single(tiny_data, tmp_path / "legs", "--resume", "latest")
+    assert_same_weights(weights(tmp_path / "whole", 4), weights(tmp_path / "legs", 4))
+    launch(3, tiny_data, tmp_path / "split", "--local-batches", "3,2,1", *both)
+    for step in (2, 4):
+        assert_same_weights(weights(tmp_path / "whole", step), weights(tmp_path / "split", step))
