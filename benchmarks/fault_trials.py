@@ -53,6 +53,22 @@ def launch(data: Path, run: Path, *train: str, opts: tuple[str, ...] = ()) -> su
     )
 
 
+def trial(fn, *args) -> dict:
+    """One trial; a trial that breaks (a loaded machine, a port taken) is recorded, and
+    everything of its run is ended, not left behind."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - a benchmark records and goes on
+        return {"trial": fn.__name__, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "fleet-faults-" in " ".join(p.info["cmdline"] or []):
+                    p.kill()
+            except psutil.Error:
+                continue
+
+
 def left_over(run: Path) -> int:
     n = 0
     for p in psutil.process_iter(["cmdline"]):
@@ -78,7 +94,7 @@ def sigstop_trial(data: Path, tmp: Path, victim_rank: int, timeout: int) -> dict
         opts=("--stop-grace", "30"),
     )
     victim = rank_pid(run, victim_rank)
-    wait_for_updates(run)
+    wait_for_updates(run, timeout=240)
     t0 = time.monotonic()
     os.kill(victim, signal.SIGSTOP)
     _, err = proc.communicate(timeout=300)
@@ -98,7 +114,7 @@ def signal_trial(data: Path, tmp: Path, signum: int) -> dict:
     run = tmp / f"sig-{signum}-{random.getrandbits(16)}"
     proc = launch(data, run, "--local-batches", "2,2,2", "--updates", "100000")
     rank_pid(run, 2)
-    wait_for_updates(run)
+    wait_for_updates(run, timeout=240)
     t0 = time.monotonic()
     proc.send_signal(signum)
     proc.communicate(timeout=300)
@@ -186,12 +202,12 @@ def main() -> int:
         capture_output=True,
     )
     out: dict = {"sigstop": [], "signals": [], "restarts": []}
-    for trial in range(args.trials):
-        out["sigstop"].append(sigstop_trial(data, tmp, trial % 3, args.timeout))
+    for n in range(args.trials):
+        out["sigstop"].append(trial(sigstop_trial, data, tmp, n % 3, args.timeout))
         print(out["sigstop"][-1], flush=True)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         for _ in range(args.trials):
-            out["signals"].append(signal_trial(data, tmp, signum))
+            out["signals"].append(trial(signal_trial, data, tmp, signum))
             print(out["signals"][-1], flush=True)
     t0 = time.monotonic()
     whole = tmp / "whole"
@@ -210,7 +226,7 @@ def main() -> int:
     ref = weights(whole, args.updates)
     out["unfailed_wall_s"] = round(base_s, 1)
     for _ in range(args.trials):
-        out["restarts"].append(restart_trial(data, tmp, ref, base_s, args.updates))
+        out["restarts"].append(trial(restart_trial, data, tmp, ref, base_s, args.updates))
         print(out["restarts"][-1], flush=True)
     print(json.dumps(out, indent=2))
     if args.out:
