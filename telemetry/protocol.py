@@ -68,7 +68,8 @@ Client -> server
     ``command`` id (int, chosen by the client, echoed in the reply), cmd (one of
                 ``records.COMMANDS``), args (map), nonce (32 lowercase hex chars, 16 random
                 bytes, never reused), mac (64 lowercase hex chars). Arguments by cmd:
-                ``rebalance`` {split: [positive int per rank]}; the others take {}.
+                ``rebalance`` {split: [positive int per rank]}; ``autopilot`` {on: bool};
+                the others take {}.
                 Anything a client sends that is not a well-formed ``command`` is a protocol
                 error (the connection is closed).
 
@@ -319,6 +320,10 @@ def check_args(cmd: str, args: dict[str, Any]) -> str:
         if shape:
             return f"rebalance needs args.split: {shape}"
         extra = set(args) - {"split"}
+    elif cmd == "autopilot":
+        if not isinstance(args.get("on"), bool):
+            return f"autopilot needs args.on: true or false, got {short(args.get('on'))}"
+        extra = set(args) - {"on"}
     else:
         extra = set(args)
     if extra:

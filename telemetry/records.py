@@ -13,7 +13,14 @@ PROTOCOL_VERSION = 1
 
 # The control commands a run understands, each with the code ranks broadcast it by (trainer/
 # distributed.py). The one list: anything else is refused before it reaches the trainer.
-COMMANDS: dict[str, int] = {"pause": 1, "resume": 2, "checkpoint": 3, "rebalance": 4, "stop": 5}
+COMMANDS: dict[str, int] = {
+    "pause": 1,
+    "resume": 2,
+    "checkpoint": 3,
+    "rebalance": 4,
+    "stop": 5,
+    "autopilot": 6,
+}
 
 # Event kinds a rank may emit (Hub.on_event refuses any other).
 EVENT_KINDS = frozenset(
@@ -25,6 +32,8 @@ EVENT_KINDS = frozenset(
         "rebalanced",
         "stopped",
         "restarted",
+        "autopilot",
+        "alert",
         "eval",
         "sample",
         "command",

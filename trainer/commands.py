@@ -27,8 +27,16 @@ def _checkpoint(run: Run, action: Action) -> dict[str, Any]:
 def _rebalance(run: Run, action: Action) -> dict[str, Any]:
     old, new = run.state["split"], action.payload
     run.rebalance(new)
-    run.event("rebalanced", f"split {old} -> {new}", **{"from": old, "to": new})
+    why = {"reason": action.reason} if action.reason != "command" else {}
+    run.event("rebalanced", f"split {old} -> {new}", **{"from": old, "to": new}, **why)
     return {"split": new}
+
+
+def _autopilot(run: Run, action: Action) -> dict[str, Any]:
+    on = bool(action.payload and action.payload[0])
+    run.pilot.enabled = on
+    run.event("autopilot", f"autopilot {'on' if on else 'off'}", on=on)
+    return {"on": on}
 
 
 def _stop(run: Run, action: Action) -> dict[str, Any]:
@@ -45,6 +53,7 @@ HANDLERS: dict[str, Callable[[Run, Action], dict[str, Any]]] = {
     "checkpoint": _checkpoint,
     "rebalance": _rebalance,
     "stop": _stop,
+    "autopilot": _autopilot,
 }
 assert HANDLERS.keys() == COMMANDS.keys(), "every command needs a handler"
 

@@ -122,8 +122,35 @@ class TrainConfig:
         0.0, "gradient all-reduce bucket in MiB (0 = the backend's: 1024 on NCCL, else 32)"
     )
     simulate_slowdown: str = _f(
-        "", "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep"
+        "",
+        "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep; a schedule "
+        "changes them from an update on: 2,1,1,1@0;1,1,3,1@50 (for tests and demos)",
     )
+    simulate_peak_gb: str = _f(
+        "", "GiB added to the peak memory each rank reports, e.g. 0,0,3 (tests and demos)"
+    )
+    autopilot: bool = _f(
+        False,
+        "rank 0 rebalances by itself when the balancer's predicted gain holds, and moves "
+        "samples off a rank under memory pressure (same global batch: same math)",
+    )
+    autopilot_min_gain: float = _f(0.05, "smallest predicted gain the autopilot acts on")
+    autopilot_window: int = _f(
+        10, "updates the gain (and the same proposal) must hold before the autopilot acts"
+    )
+    autopilot_cooldown: int = _f(20, "updates the autopilot waits after a change")
+    on_memory_pressure: str = _f(
+        "warn",
+        "when no split relieves a rank under memory pressure: warn, or checkpoint and pause",
+        choices=("warn", "pause"),
+    )
+    alert_command: str = _f(
+        "",
+        "shell command run with each alert as JSON on its standard input (a notifier, a "
+        "webhook): a rank lost, memory pressure, a NaN or spiking loss, throughput down, a "
+        "checkpoint that cannot be written",
+    )
+    alert_every: float = _f(300.0, "seconds between two alerts of the same kind")
     telemetry_port_base: int = _f(
         47800, "rank r serves telemetry on 127.0.0.1:(base + r) (0 = off)"
     )
@@ -178,11 +205,30 @@ class TrainConfig:
             )
         return values[rank]
 
-    def slowdown(self, world_size: int, rank: int) -> float:
-        factor = self.per_rank("simulate_slowdown", world_size, rank)
-        if factor is not None and factor < 1:
-            raise ConfigError(f"--simulate-slowdown factors must be >= 1, got {factor}")
-        return factor or 1.0
+    def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
+        """This rank's simulated slowdown as (from update, factor), in order ([] = none)."""
+        out: list[tuple[int, float]] = []
+        for part in filter(None, (p.strip() for p in self.simulate_slowdown.split(";"))):
+            factors, _, start = part.partition("@")
+            try:
+                at = int(start) if start else 0
+            except ValueError:
+                raise ConfigError(
+                    f"--simulate-slowdown: bad update {start!r} in {part!r}"
+                ) from None
+            values = parse_floats(factors, "simulate_slowdown")
+            if len(values) not in (1, world_size):
+                raise ConfigError(
+                    f"--simulate-slowdown {part!r} has {len(values)} values but the run has "
+                    f"{world_size} rank(s): give one value, or one per rank"
+                )
+            factor = values[0] if len(values) == 1 else values[rank]
+            if factor < 1:
+                raise ConfigError(f"--simulate-slowdown factors must be >= 1, got {factor}")
+            if out and at <= out[-1][0]:
+                raise ConfigError("--simulate-slowdown: each @update must be later than the last")
+            out.append((at, factor))
+        return out
 
     def validate(self) -> None:
         """Refuse every value that cannot run, naming its key (before anything is built)."""
@@ -219,6 +265,10 @@ class TrainConfig:
             "telemetry_port_base",
             "early_stop_patience",
             "early_stop_min_delta",
+            "autopilot_min_gain",
+            "autopilot_window",
+            "autopilot_cooldown",
+            "alert_every",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from telemetry.control import CommandQueue, CommandResult, PendingCommand
 from telemetry.records import COMMANDS
 from telemetry.split import problems
+from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
 
 HEARTBEAT_S = 0.5  # while paused, ranks exchange a heartbeat about twice a second
@@ -30,20 +31,27 @@ class Action:
 
 
 class Controller:
-    """Rank 0 takes commands from a queue (telemetry); one tiny all-reduce per boundary hands
-    the chosen one to every rank, so all apply it at the same update. The same all-reduce
-    carries every rank's peak memory (so the memory caps a rebalance is checked against are
-    refreshed at every boundary) and any rank's request to stop (a signal it received)."""
+    """Rank 0 takes commands from a queue (telemetry, the autopilot); one tiny all-reduce per
+    boundary hands the chosen one to every rank, so all apply it at the same update. The
+    same all-reduce carries what every rank measured in its last update (peak memory, so the
+    memory caps a rebalance is checked against are refreshed at every boundary; compute time
+    and swap, for the autopilot) and any rank's request to stop (a signal it received)."""
 
     def __init__(
         self,
         cluster: Cluster,
         queue: CommandQueue | None = None,
         caps_model: CapsModel | None = None,
+        pilot: Autopilot | None = None,
+        limits: list[float | None] | None = None,
+        on_note: Callable[[str, str, dict], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
+        self.pilot = pilot  # rank 0's; observes every boundary that is not a heartbeat
+        self.limits = limits or [None] * cluster.size  # --memory-limit-gb per rank, bytes
+        self.on_note = on_note or (lambda kind, text, data: None)
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
         self.stop_signal = 0  # a signal number once this rank was asked to stop
@@ -52,22 +60,31 @@ class Controller:
         """Ask every rank to stop at the next boundary (safe to call from a signal handler)."""
         self.stop_signal = signum
 
-    def exchange(self, split: list[int], peak: float = 0.0) -> Action:
+    def exchange(
+        self,
+        split: list[int],
+        peak: float = 0.0,
+        compute_s: float = 0.0,
+        swap: float = 0.0,
+        pressure: float = 0.0,
+    ) -> Action:
         """Called by every rank at every boundary (and as the heartbeat while paused), with
-        this rank's peak memory of the last update in bytes."""
+        what this rank measured in its last update: peak memory and swap in bytes, compute
+        seconds, memory pressure 0..1."""
         pending, name, payload, reason = None, "none", [], "command"
         if self.cluster.is_root:
             while (pending := self.queue.poll()) is not None:
                 why = self._refusal(pending, split)
                 if why is None:
                     name, reason = pending.cmd, pending.args.get("reason", reason)
-                    payload = list(pending.args.get("split", [])) if name == "rebalance" else []
+                    payload = _payload(pending)
                     break
                 pending.resolve(CommandResult(ok=False, error=why))
         if self.paused and name == "none":
             name = "heartbeat"
-        figures = (peak / MiB, float(self.stop_signal))
-        name, payload, every = self.cluster.broadcast_command(name, payload, figures)
+        # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
+        mine = (peak / MiB, float(self.stop_signal), compute_s * 1e6, swap / MiB, pressure * 1e3)
+        name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
         asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
         if asked and name in ("none", "heartbeat"):  # a signal outranks nothing but a command
@@ -77,7 +94,21 @@ class Controller:
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
+        if self.pilot is not None and self.cluster.is_root and name != "heartbeat":
+            self._steer(split, every)
         return Action(name, payload, pending, reason)
+
+    def _steer(self, split: list[int], every: list[list[float]]) -> None:
+        """Show the autopilot this boundary; queue what it decides (applied at the next)."""
+        figures = [
+            RankFigures(b, f[2] / 1e6, f[0] * MiB, f[3] * MiB, f[4] / 1e3, limit)
+            for b, f, limit in zip(split, every, self.limits, strict=True)
+        ]
+        decision = self.pilot.observe(split, figures)
+        for cmd, args in decision.commands:
+            self.queue.submit(cmd, args)
+        for kind, text, data in decision.notes:
+            self.on_note(kind, text, data)
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""
@@ -95,11 +126,24 @@ class Controller:
             return f"unknown command {p.cmd!r}"
         return None
 
+    def set_autopilot(self, on: bool) -> None:
+        if self.pilot is not None:
+            self.pilot.enabled = on
+
     @staticmethod
     def answer(action: Action, step: int, ok: bool = True, error: str = "", **result) -> None:
         """Resolve rank 0's pending command: applied at `step`, or refused and why."""
         if action.pending is not None:
             action.pending.resolve(CommandResult(ok=ok, step=step, result=result, error=error))
+
+
+def _payload(p: PendingCommand) -> list[int]:
+    """A command's arguments as the integers every rank receives."""
+    if p.cmd == "rebalance":
+        return list(p.args.get("split", []))
+    if p.cmd == "autopilot":
+        return [int(bool(p.args.get("on")))]
+    return []
 
 
 @contextlib.contextmanager

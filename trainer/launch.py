@@ -164,8 +164,9 @@ def check_train_args(argv: list[str], world: int):
         else:
             cfg = from_args(args)
             cfg.split(world)
-        for name in ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb", "simulate_slowdown"):
+        for name in ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb", "simulate_peak_gb"):
             cfg.per_rank(name, world, 0)
+        cfg.slowdown(world, 0)
         if cfg.data and not Path(cfg.data).is_dir() and not cfg.synthetic:
             raise ConfigError(f"--data {cfg.data}: no such dataset folder on this machine")
     except ConfigError as e:

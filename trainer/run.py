@@ -23,6 +23,8 @@ from telemetry.hub import Hub
 from telemetry.records import PROTOCOL_VERSION, Event, Hello, Update, run_id_of
 from telemetry.reporter import NullReporter, Reporter
 from trainer import checkpoint, heartbeat, memory
+from trainer.alerts import Alerts
+from trainer.autopilot import Autopilot
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import Dataset, SyntheticStream, TrainStream, val_batches
 from trainer.distributed import Cluster, Watchdog
@@ -69,6 +71,9 @@ class Run:
     reporter: Reporter = field(default_factory=NullReporter)
     commands: CommandQueue = field(default_factory=CommandQueue)
     watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 0))  # 0: never fires
+    pilot: Autopilot = field(default_factory=lambda: Autopilot(1))  # rank 0 steers with it
+    alerts: Alerts | None = None  # rank 0 raises them
+    extra_peak: float = 0.0  # --simulate-peak-gb of this rank, in bytes
     stopping: bool = False  # a stop was applied at this boundary
     last_saved: Path | None = None
     saved_at: int | None = None  # the step of the newest checkpoint of this run
@@ -97,6 +102,15 @@ class Run:
         """One event of this rank at the current update."""
         self.reporter.on_event(Event(kind, self.cluster.rank, self.state["step"], message, data))
 
+    def note(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        """An event from the autopilot or the alerts (printed too: nobody may be watching)."""
+        if self.cluster.is_root:
+            print(f"fleet train: {kind}: {message}", file=sys.stderr, flush=True)
+        if kind == "alert" and self.alerts is not None and "alert" not in data:
+            self.alerts.raise_("memory", message, **data)  # the autopilot's: once per kind
+            return
+        self.event(kind, message, **data)
+
     def record(self, f: UpdateFigures, mem: memory.MemoryFigures) -> Update:
         """The update just finished, as telemetry's record (sent to every subscriber)."""
         s, rank = self.state, self.cluster.rank
@@ -117,7 +131,7 @@ class Run:
             optimizer_s=f.optimizer_s,
             update_s=f.update_s,
             active_mem=mem.active,
-            peak_mem=mem.peak,
+            peak_mem=mem.peak + int(self.extra_peak),
             cache_mem=mem.cache,
             tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
             simulated=isinstance(self.stepper, SlowedStepper),
@@ -253,6 +267,8 @@ class Run:
             f"fleet train: {why}; newest checkpoint: {newest}; {plan}", file=sys.stderr, flush=True
         )
         self.event("error", why, newest=str(newest))
+        if self.alerts is not None:
+            self.alerts.raise_("disk", why, newest=str(newest))
         if self.cfg.on_checkpoint_error == "stop" and not self.stopping:
             self.commands.submit("stop", {"reason": "a checkpoint that could not be written"})
 
@@ -275,6 +291,9 @@ class Run:
     def on_fatal(self, message: str) -> None:
         """Tell the operator before the process ends."""
         self.event("error", message)
+        if self.alerts is not None:
+            self.alerts.raise_("lost", message)
+            self.alerts.close(timeout=2.0)
         self.reporter.close()
 
 
@@ -337,14 +356,19 @@ def open_run(
 
     # --- the compiled update (it captures the optimizer state: build it once that is final)
     slowdown = cfg.slowdown(world, rank)
-    stepper = (SlowedStepper if slowdown > 1 else Stepper)(
+
+    def factor() -> float:  # the simulated slowdown at the update in progress
+        return next((f for at, f in reversed(slowdown) if state["step"] >= at), 1.0)
+
+    slowed = any(f > 1 for _, f in slowdown)
+    stepper = (SlowedStepper if slowed else Stepper)(
         model,
         optimizer,
         precision=cfg.precision,
         pad_id=data.pad_id,
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
-        **({"factor": slowdown} if slowdown > 1 else {}),
+        **({"factor": factor} if slowed else {}),
     )
     commands = CommandQueue()
     run = Run(
@@ -361,6 +385,16 @@ def open_run(
         commands=commands,
         saved_at=state["step"] if resume is not None else None,
     )
+    run.pilot = Autopilot(
+        world,
+        enabled=cfg.autopilot,
+        min_gain=cfg.autopilot_min_gain,
+        window=cfg.autopilot_window,
+        cooldown=cfg.autopilot_cooldown,
+        pause_on_pressure=cfg.on_memory_pressure == "pause",
+    )
+    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.note)
+    run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
         cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
     )

@@ -200,10 +200,11 @@ class Stepper:
 
 
 class SlowedStepper(Stepper):
-    """A stand-in for a slower machine, for tests and demos: each microstep takes `factor`
-    times as long (it computes, then sleeps for the difference)."""
+    """A stand-in for a slower machine, for tests and demos: each microstep takes `factor()`
+    times as long (it computes, then sleeps for the difference). `factor` is asked at each
+    microstep, so a schedule can change it mid-run."""
 
-    def __init__(self, *args, factor: float, **kwargs) -> None:
+    def __init__(self, *args, factor: Callable[[], float], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.factor = factor
 
@@ -211,5 +212,5 @@ class SlowedStepper(Stepper):
         t0 = time.perf_counter()
         out = super().microstep(acc, loss_sum, ntok, batch)
         mx.eval(out)
-        time.sleep((self.factor - 1) * (time.perf_counter() - t0))
+        time.sleep(max(0.0, self.factor() - 1) * (time.perf_counter() - t0))
         return out

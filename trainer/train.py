@@ -54,10 +54,18 @@ def train(
     schedule = Schedule.from_config(
         cfg, tokens_per_update=cfg.accum * sum(state["split"]) * run.data.seq_len
     )
-    controller = Controller(cluster, run.commands, caps_model=partial(memory.memory_caps, cfg))
+    limits = [cfg.per_rank("memory_limit_gb", cluster.size, r) for r in range(cluster.size)]
+    controller = Controller(
+        cluster,
+        run.commands,
+        caps_model=partial(memory.memory_caps, cfg),
+        pilot=run.pilot if cluster.is_root else None,
+        limits=[g * memory.GiB if g else None for g in limits],
+        on_note=run.note,
+    )
     progress = Progress(cfg.updates)
     watchdog = run.watchdog.start()
-    peak = 0.0  # this rank's peak memory in the last update, shared at each boundary
+    measured: dict[str, float] = {}  # this rank's last update, shared at each boundary
     clean = False
 
     say(run.banner)
@@ -81,7 +89,7 @@ def train(
                     break
 
                 # --- control: rank 0's next command reaches every rank at this boundary
-                boundary(run, controller, peak)
+                boundary(run, controller, measured)
                 if run.stopping:
                     break
 
@@ -119,9 +127,15 @@ def train(
                     )
 
                 # --- report: telemetry gets every update; the printed line every log_every
-                mem = memory.figures()
-                peak = mem.peak
-                rec = run.record(figures, mem)
+                rec = run.record(figures, mem := memory.figures())
+                measured = dict(
+                    peak=rec.peak_mem,
+                    compute_s=figures.compute_s,
+                    swap=rec.swap_used,
+                    pressure=rec.mem_pressure or 0.0,
+                )
+                if cluster.is_root:  # a spiking loss, falling throughput: someone is told
+                    run.alerts.watch(state["step"], figures.loss, figures.tokens / figures.update_s)
                 if state["step"] % cfg.log_every == 0 or state["step"] == cfg.updates:
                     say(progress.line(rec, gather_rank_figures(cluster, figures, mem.peak)))
 
@@ -145,6 +159,12 @@ def train(
         )
         clean = True
         return 0
+    except FloatingPointError as e:
+        print(f"fleet train: rank {cluster.rank}: {e}", file=sys.stderr, flush=True)
+        if cluster.is_root:
+            run.alerts.raise_("loss", str(e))
+        run.on_fatal(str(e))
+        return 5
     except PeerLost as e:
         who = run.culprit()
         msg = (
@@ -164,15 +184,17 @@ def train(
         if clean:  # a rank that failed leaves its last beat, for the others to name it
             run.forget_beat()
         run.commands.refuse_all("the run has ended")
+        run.alerts.close()
         run.reporter.close()
 
 
-def boundary(run: Run, controller: Controller, peak: float) -> None:
+def boundary(run: Run, controller: Controller, measured: dict[str, float]) -> None:
     """Apply rank 0's next command on every rank; while paused, keep exchanging heartbeats
-    until a resume or a stop arrives."""
+    until a resume or a stop arrives. `measured`: this rank's last update, for rank 0's
+    memory caps and autopilot."""
     run.watchdog.progress("control")
     while True:
-        commands.apply(run, controller.exchange(run.state["split"], peak))
+        commands.apply(run, controller.exchange(run.state["split"], **measured))
         if run.stopping or not controller.paused:
             return
         # Paused: a heartbeat about twice a second keeps every collective bounded and notices
