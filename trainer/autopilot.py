@@ -4,11 +4,10 @@ It sees, at every boundary, each rank's compute time, peak memory and swap of th
 update (they ride the control all-reduce, trainer/controller.py). Two duties:
 
 - **Rebalance** when the balancer (telemetry/balance.py) predicts a gain of at least
-  `min_gain` for `window` boundaries in a row with the same proposed split, from steady
-  measurements; then wait `cooldown` updates before the next change. The global batch never
-  changes, so neither does the math. A fixed slowdown converges within two changes (the
-  second refines the fit with a second batch size per rank); noise alone never reaches the
-  gain for a whole window with one and the same proposal.
+  `min_gain` for `window` boundaries in a row, from each rank's median compute per sample
+  over its recent updates; then wait `cooldown` updates before the next change. The global
+  batch never changes, so neither does the math. A fixed slowdown converges within two
+  changes; noise alone does not move a median enough to predict a gain a whole window long.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -20,6 +19,7 @@ change is applied at the next boundary like an operator's `rebalance`.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,7 @@ from telemetry import balance
 
 SWAP_GROWTH = 256 * 2**20  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
+STEADY = 0.35  # median deviation of compute per sample (relative) above which no rank is read
 
 
 @dataclass(frozen=True)
@@ -153,19 +154,35 @@ class Autopilot:
         return per * batch
 
     # --- speed --------------------------------------------------------------------------------
+    def _models(self) -> list[balance.RankModel]:
+        """Each rank's cost from the medians of its recent updates: a busy moment on a shared
+        machine moves a least-squares fit, not a median. Compute is taken as proportional to
+        the batch (the fixed cost is small next to the microsteps), memory likewise."""
+        models = []
+        for r, samples in enumerate(self.samples):
+            per = [s.compute_s / s.local_batch for s in samples]
+            mid = statistics.median(per)
+            spread = statistics.median(abs(p - mid) for p in per) / mid if mid > 0 else 1.0
+            per_mem = statistics.median(s.peak_mem / s.local_batch for s in samples)
+            models.append(
+                balance.RankModel(r, 0.0, mid, 0, int(per_mem), None, len(per), True, "", spread)
+            )
+        return models
+
     def _rebalance(self, split: list[int], out: Decision) -> None:
+        models = self._models()
         try:
-            models = balance.fit([list(s) for s in self.samples])
             prop = balance.propose(models, sum(split), self.headroom, current=split)
         except balance.BalanceError:
             self.streak = None
             return
-        steady = all(m.n >= balance.MIN_UPDATES and m.noise <= balance.MAX_NOISE for m in models)
+        steady = all(m.noise <= STEADY for m in models)
         if not steady or prop.gain is None or prop.gain < self.min_gain or prop.split == split:
             self.streak = None
             return
-        same = self.streak is not None and self.streak[0] == prop.split
-        self.streak = (prop.split, self.streak[1] + 1 if same else 1)
+        # The gain must hold `window` boundaries in a row; ties between equal ranks may flip
+        # the proposal, so what must hold is the gain, and the newest proposal is taken.
+        self.streak = (prop.split, self.streak[1] + 1 if self.streak else 1)
         if self.streak[1] < self.window:
             return
         reason = f"autopilot: predicted {prop.gain:.0%} faster, held {self.window} updates"
