@@ -9,12 +9,13 @@ tokens), so rotary distances never exceed what the model was trained on.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 if TYPE_CHECKING:
     from trainer.model import GPT
+    from trainer.tokenizer import Tokenizer
 
 CACHE_STEP = 256  # positions a cache grows by: one copy per 256 tokens, not one per token
 
@@ -126,3 +127,28 @@ class TextStream:
         piece = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text
         return piece
+
+
+def stream(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new: int,
+    write: Callable[[str], object],
+    **sampling: Any,
+) -> str:
+    """Write `prompt`, then the text generated after it piece by piece as each token comes
+    (`sampling`: generate_ids's keywords); stops at the end-of-text token. Returns it all."""
+    # An empty prompt starts a new document: documents follow an end-of-text token.
+    ids = [int(i) for i in tokenizer.encode(prompt)] or [tokenizer.eos_id]
+    write(prompt)
+    text = TextStream(tokenizer.decode)
+    pieces = [prompt]
+    for token in generate_ids(model, ids, max_new, stop=tokenizer.eos_id, **sampling):
+        if piece := text.add(token):
+            write(piece)
+            pieces.append(piece)
+    if rest := text.finish():
+        write(rest)
+        pieces.append(rest)
+    return "".join(pieces)
