@@ -17,44 +17,15 @@ from mlx.utils import tree_flatten
 
 from fleet.cli import main as fleet
 from tests.conftest import fleet_env
+from tests.tiny_run import fails, train_tiny
 from trainer import trained
-from trainer.config import TrainConfig
-from trainer.distributed import Cluster
 from trainer.export import export, mlx_lm_config, mlx_lm_weights
 from trainer.model import GPT, ModelConfig
 from trainer.prepare import PrepareConfig, prepare
 from trainer.tokenizer import ByteTokenizer, HFTokenizer, byte_tokenizer_json
-from trainer.train import train
 
 mlx_lm = pytest.importorskip("mlx_lm")  # the `export` extra; in `dev` too
 transformers = pytest.importorskip("transformers")
-
-
-class OneRank:
-    """A one-rank group without processes: collectives are identities, as MLX's are."""
-
-    def rank(self) -> int:
-        return 0
-
-    def size(self) -> int:
-        return 1
-
-
-def train_tiny(data: Path | None, run: Path, **over) -> Path:
-    """A depth-2 model trained hard enough for its attention to matter; returns the run."""
-    fields = dict(depth=2, width=64, heads=2, local_batch=8, updates=60, lr=1e-2)
-    fields |= dict(run_dir=str(run), telemetry_port_base=0, **over)
-    cfg = TrainConfig(data=str(data), **fields) if data else TrainConfig(**fields)
-    assert train(cfg, Cluster(OneRank())) == 0
-    return run
-
-
-def fails(capsys, *argv: str) -> str:
-    """Run `fleet ARGV` in this process; it must fail with one line on stderr, returned."""
-    assert fleet(list(argv)) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0, err
-    return err
 
 
 @pytest.fixture(scope="module")

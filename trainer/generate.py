@@ -80,14 +80,16 @@ def generate_ids(
     ids = [int(t) for t in prompt][-window:]
     if not ids:
         raise ValueError("generation needs at least one prompt token")
+    if max_new <= 0:
+        return
     key = mx.random.key(seed)
     cache = new_cache(model)
     logits = model.extend(mx.array([ids]), cache)[0, -1]
-    for _ in range(max_new):
+    for left in range(max_new - 1, -1, -1):
         key, sub = mx.random.split(key)
         nxt = pick(logits, temperature, top_k, sub)
         yield nxt
-        if nxt == stop:
+        if nxt == stop or not left:
             return
         ids.append(nxt)
         if cache[0].offset < window:
