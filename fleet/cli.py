@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli", "train a model (one rank, or one of many under mlx.launch)"),
     "launch": ("trainer.cli", "start a data-parallel run with mlx.launch"),
     "check": ("trainer.cli", "check a fleet before a run: hosts, versions, data, group, links"),
+    "export": ("trainer.cli", "write a checkpoint as an mlx-lm model folder (mlx_lm.load)"),
+    "sample": ("trainer.cli", "generate text from a checkpoint, printed as it comes"),
     "bench": ("bench.cli", "benchmarks: memory, balance, throughput, telemetry, console"),
     "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
     "report": ("telemetry.cli", "summarize a run from its telemetry logs"),
@@ -29,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Subcommands that run MLX on this machine: they get OpenBLAS on Linux CPU (trainer/blas.py).
-COMPUTE = frozenset({"train", "launch", "bench", "demo"})
+COMPUTE = frozenset({"train", "launch", "bench", "demo", "sample"})
 
 
 def _overview() -> str:

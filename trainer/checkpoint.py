@@ -380,8 +380,7 @@ def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
         link = root(run_dir) / BEST
         if not link.is_symlink():
             raise CheckpointError(
-                f"{run_dir} kept no best checkpoint: a run keeps one when it evaluates "
-                "(--eval-every N)"
+                f"{run_dir}: this run kept no best checkpoint: it needs --eval-every"
             )
         path = link.resolve()
         manifest = verify(path)

@@ -1,4 +1,4 @@
-"""The trainer's subcommands: `fleet prepare`, `train` and `launch`.
+"""The trainer's subcommands: `fleet prepare`, `train`, `launch`, `export` and `sample`.
 
 Nothing here imports mlx at module level, so `fleet prepare` and `--help` start fast.
 """
@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.trained import Trained
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -32,6 +36,10 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         from trainer.check import add_arguments
 
         add_arguments(parser)
+    elif name == "export":
+        export_arguments(parser)
+    elif name == "sample":
+        sample_arguments(parser)
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -49,6 +57,8 @@ def run(name: str, args: argparse.Namespace) -> int:
         from trainer.check import main
 
         return main(args)
+    if name in ("export", "sample"):
+        return trained_command(name, args)
     raise ValueError(name)
 
 
@@ -115,3 +125,150 @@ def train(args: argparse.Namespace) -> int:
     ) as e:
         print(f"{who}: error: {e}", file=sys.stderr, flush=True)
         return 2
+
+
+# --- `fleet export` and `fleet sample`: a trained checkpoint, used -------------------------
+def _target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="CKPT|RUN",
+        help="a checkpoint folder (RUN/checkpoints/step-NNNNNN) or a run folder (the --run-dir "
+        "of `fleet train`), whose checkpoint --latest or --best is used",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--latest",
+        action="store_true",
+        help="the run's newest checkpoint that verifies (the default for a run folder)",
+    )
+    which.add_argument(
+        "--best",
+        action="store_true",
+        help="the run's checkpoint of the lowest val loss (kept by runs with --eval-every)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="",
+        metavar="PATH",
+        help="the tokenizer.json the model was trained with, checked against the checkpoint "
+        "(default: the one its dataset folder names; the byte tokenizer needs no file)",
+    )
+
+
+def export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Write a checkpoint as an mlx-lm model folder (mlx-lm's own `nanochat` model type): "
+        "config.json, model.safetensors, the tokenizer files and origin.json (the checkpoint's "
+        "identity). Load it with mlx_lm.load(DIR), or run `mlx_lm.generate --model DIR` "
+        "(pip install 'mlx-fleet[export]')."
+    )
+    _target_arguments(parser)
+    parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="weights' dtype: fp32 gives mlx-lm the logits of our model; bf16 half the size "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace --out if it holds an earlier export"
+    )
+
+
+def sample_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Generate text from a checkpoint, printed as it comes (a KV cache: each token costs "
+        "one position, not the whole prefix again). Stops after --tokens or at end of text."
+    )
+    _target_arguments(parser)
+    parser.add_argument(
+        "--prompt",
+        default=None,
+        metavar="TEXT",
+        help="text to continue; '' starts a new document (default: the run's --prompt)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=200,
+        metavar="N",
+        help="most tokens to generate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        metavar="T",
+        help="sampling temperature; 0 = always the most likely token (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sample among the K most likely tokens (0 = all) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="sampling seed (default: %(default)s)"
+    )
+
+
+def trained_command(name: str, args: argparse.Namespace) -> int:
+    """`fleet export` or `fleet sample`: find the checkpoint, then write or generate."""
+    from trainer import trained
+    from trainer.checkpoint import CheckpointError
+    from trainer.dataset_format import DatasetError
+    from trainer.export import ExportError
+    from trainer.tokenizer import TokenizerError
+
+    if getattr(args, "tokens", 0) < 0:
+        print(f"fleet {name}: error: --tokens {args.tokens}: give 0 or more", file=sys.stderr)
+        return 2
+    try:
+        model = trained.find(args.target, best=args.best)
+        for w in model.warnings:
+            print(f"fleet {name}: warning: {w}", file=sys.stderr, flush=True)
+        return export_model(model, args) if name == "export" else sample(model, args)
+    except (CheckpointError, DatasetError, ExportError, TokenizerError) as e:
+        # One line: the reason and what to do. (CheckpointError and friends say both.)
+        print(f"fleet {name}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return 2
+
+
+def export_model(model: Trained, args: argparse.Namespace) -> int:
+    from trainer.export import export
+
+    out = export(
+        model, args.out, dtype=args.dtype, force=args.force, tokenizer=args.tokenizer or None
+    )
+    print(
+        f"fleet export: {out} from {model.path} (update {model.step}, {args.dtype}); "
+        f"try: mlx_lm.generate --model {out} --prompt 'def '"
+    )
+    return 0
+
+
+def sample(model: Trained, args: argparse.Namespace) -> int:
+    from trainer.generate import stream
+
+    tokenizer, gpt = model.tokenizer(args.tokenizer or None), model.model()
+    prompt = args.prompt if args.prompt is not None else model.train_config().get("prompt", "")
+    print(f"fleet sample: {model.path} (update {model.step})", file=sys.stderr, flush=True)
+
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()  # a piece per token: the reader sees the text as it comes
+
+    stream(
+        gpt,
+        tokenizer,
+        prompt,
+        args.tokens,
+        write,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    write("\n")
+    return 0

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+
+if TYPE_CHECKING:
+    from trainer.generate import KVCache
 
 HEAD_DIM = 64  # default head size when --heads is 0
 VOCAB_MULTIPLE = 64  # the embedding and head are padded to this for friendlier matmul shapes
@@ -70,15 +74,19 @@ class Attention(nn.Module):
         self.c_v = nn.Linear(cfg.width, cfg.width, bias=False)
         self.c_proj = nn.Linear(cfg.width, cfg.width, bias=False)
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
         B, T, C = x.shape
         q, k, v = (
             f(x).reshape(B, T, self.heads, self.head_dim).transpose(0, 2, 1, 3)
             for f in (self.c_q, self.c_k, self.c_v)
         )
-        rope = dict(traditional=False, base=self.rope_base, scale=1.0, offset=0)
+        offset = 0 if cache is None else cache.offset  # x's first position
+        rope = dict(traditional=False, base=self.rope_base, scale=1.0, offset=offset)
         q = _norm(mx.fast.rope(q, self.head_dim, **rope), self.eps)  # QK-norm after rotary
         k = _norm(mx.fast.rope(k, self.head_dim, **rope), self.eps)
+        if cache is not None:  # attend to every earlier position too
+            k, v = cache.update(k, v)
+        # "causal" aligns the queries with the last keys, so it also fits a cache's longer keys.
         y = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask="causal"
         )
@@ -102,8 +110,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        x = x + self.attn(_norm(x, self.eps))
+    def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
+        x = x + self.attn(_norm(x, self.eps), cache)
         return x + self.mlp(_norm(x, self.eps))
 
 
@@ -126,6 +134,15 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return _norm(x, self.cfg.norm_eps)
+
+    def extend(self, idx: mx.array, cache: list[KVCache]) -> mx.array:
+        """Logits of `idx`, the tokens after those whose keys and values `cache` (one per
+        block) holds; the cache grows by them. The same math as __call__, one token at a time
+        instead of the whole prefix again (trainer/generate.py)."""
+        x = _norm(self.wte(idx), self.cfg.norm_eps)
+        for block, layer_cache in zip(self.blocks, cache, strict=True):
+            x = block(x, layer_cache)
+        return softcap(self.lm_head(_norm(x, self.cfg.norm_eps)))
 
     def init_weights(self, seed: int) -> None:
         """nanochat's init: unit-variance embedding, zeroed output projections, small head."""
@@ -153,17 +170,7 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * c.depth * c.width * c.seq_len
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.8, seed: int = 0):
-        """Sample up to max_new token ids after prompt (no KV cache: samples are short and rare)."""
-        ids = list(prompt)[-self.cfg.seq_len :]
-        key = mx.random.key(seed)
-        out = []
-        for _ in range(max_new):
-            logits = self(mx.array([ids[-self.cfg.seq_len :]]))[0, -1].astype(mx.float32)
-            key, sub = mx.random.split(key)
-            if temperature <= 0:
-                nxt = int(mx.argmax(logits).item())
-            else:
-                nxt = int(mx.random.categorical(logits / temperature, key=sub).item())
-            ids.append(nxt)
-            out.append(nxt)
-        return out
+        """Sample up to max_new token ids after prompt, with a KV cache (trainer/generate.py)."""
+        from trainer.generate import generate_ids  # generate.py imports this module
+
+        return list(generate_ids(self, prompt, max_new, temperature=temperature, seed=seed))

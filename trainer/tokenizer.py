@@ -8,6 +8,7 @@ into a tokenizer (the trainer does this to print samples as text).
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ class Tokenizer:
         """Text of `ids`; special tokens are dropped."""
         raise NotImplementedError
 
+    def hf_files(self, max_length: int) -> dict[str, str]:
+        """tokenizer.json and tokenizer_config.json: this tokenizer as transformers'
+        AutoTokenizer (and so mlx-lm) loads it, encoding and decoding as we do."""
+        raise NotImplementedError
+
     def identity(self) -> dict[str, Any]:
         """A JSON-ready description that `load_tokenizer` rebuilds this tokenizer from."""
         return {
@@ -69,6 +75,16 @@ class ByteTokenizer(Tokenizer):
     def decode(self, ids: Any) -> str:
         arr = np.asarray(ids).reshape(-1)
         return arr[arr < BYTE_VOCAB].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def hf_files(self, max_length: int) -> dict[str, str]:
+        # split_special_tokens: "<|endoftext|>" in a text is its 13 bytes, as encode() has it.
+        names = BYTE_TOKEN_NAMES
+        return {
+            "tokenizer.json": json.dumps(byte_tokenizer_json(), ensure_ascii=False, indent=2),
+            "tokenizer_config.json": _hf_config(
+                names[self.bos_id], names[self.eos_id], names[self.pad_id], max_length, True
+            ),
+        }
 
 
 class HFTokenizer(Tokenizer):
@@ -121,6 +137,17 @@ class HFTokenizer(Tokenizer):
         keep = [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in self._special]
         return self._tok.decode(keep, skip_special_tokens=True)
 
+    def hf_files(self, max_length: int) -> dict[str, str]:
+        data = self.path.read_bytes()  # copied byte for byte: the very file we trained with
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise TokenizerError(f"{self.path} changed while in use; run the command again")
+        bos, eos, pad = (self._tok.id_to_token(i) for i in (self.bos_id, self.eos_id, self.pad_id))
+        return {
+            "tokenizer.json": data.decode("utf-8"),
+            # encode() matches special tokens inside a text, as transformers does by default.
+            "tokenizer_config.json": _hf_config(bos, eos, pad, max_length, False),
+        }
+
     def identity(self) -> dict[str, Any]:
         return super().identity() | {"path": str(self.path), "sha256": self.sha256}
 
@@ -160,3 +187,84 @@ def load_tokenizer(spec: str | dict[str, Any]) -> Tokenizer:
 def identity_digest_part(identity: dict[str, Any]) -> dict[str, Any]:
     """The identity without its machine-specific path: what digests and up-to-date checks use."""
     return {k: v for k, v in identity.items() if k != "path"}
+
+
+# --- the byte tokenizer as a Hugging Face tokenizer.json (for `fleet export`) ---------------
+BYTE_TOKEN_NAMES = {BYTE_BOS: "<s>", BYTE_EOS: "<|endoftext|>", BYTE_PAD: "<pad>"}
+
+
+def byte_level_chars() -> list[str]:
+    """GPT-2's printable stand-in for each byte 0..255: how a ByteLevel tokenizer.json spells
+    bytes (printable Latin-1 stands for itself; the rest map to U+0100 onwards, in order)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars, extra = [], 0
+    for b in range(BYTE_VOCAB):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(BYTE_VOCAB + extra))
+            extra += 1
+    return chars
+
+
+def byte_tokenizer_json() -> dict[str, Any]:
+    """A tokenizer.json equivalent to ByteTokenizer: the same ids for every text, the same
+    text for every ids (invalid UTF-8 included: both replace it as Python's "replace" does).
+
+    A BPE model without merges over the 256 byte tokens, behind a ByteLevel pre-tokenizer
+    that neither splits nor adds a prefix space; BOS, EOS and PAD are special tokens at our
+    ids, under names our HFTokenizer (and transformers) recognise. The decoder is a
+    one-element Sequence around ByteLevel rather than ByteLevel itself: mlx-lm then streams
+    with tokenizer.decode (exact) instead of its BPE detokenizer, which drops a leading
+    space and mis-decodes byte 0.
+    """
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False}
+    added = [
+        {
+            "id": i,
+            "content": name,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, name in sorted(BYTE_TOKEN_NAMES.items())
+    ]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": level | {"use_regex": False},
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [level | {"use_regex": False}]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {c: b for b, c in enumerate(byte_level_chars())},
+            "merges": [],
+        },
+    }
+
+
+def _hf_config(bos: str, eos: str, pad: str, max_length: int, split_special: bool) -> str:
+    """tokenizer_config.json: names the class (so AutoTokenizer never needs a model config it
+    does not know) and the special tokens; no space clean-up, which our decode() never does."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": pad,
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": split_special,
+    }
+    return json.dumps(config, ensure_ascii=False, indent=2) + "\n"

@@ -1,0 +1,38 @@
+"""Helpers for the export and sample tests: a tiny trained run, and a one-line CLI failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleet.cli import main as fleet
+from trainer.config import TrainConfig
+from trainer.distributed import Cluster
+from trainer.train import train
+
+
+class OneRank:
+    """A one-rank group without processes: collectives are identities, as MLX's are."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
+def train_tiny(data: Path | None, run: Path, **over) -> Path:
+    """A depth-2 model trained hard enough for its attention to matter (about a second at
+    60 updates); returns the run folder."""
+    fields = dict(depth=2, width=64, heads=2, local_batch=8, updates=60, lr=1e-2)
+    fields |= dict(run_dir=str(run), telemetry_port_base=0, **over)
+    cfg = TrainConfig(data=str(data), **fields) if data else TrainConfig(**fields)
+    assert train(cfg, Cluster(OneRank())) == 0
+    return run
+
+
+def fails(capsys, *argv: str) -> str:
+    """Run `fleet ARGV` in this process; it must fail with one line on stderr, returned."""
+    assert fleet(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
