@@ -235,10 +235,14 @@ def test_synthetic_run_has_no_tokenizer(tmp_path, capsys):
 
 
 def _copy_checkpoint(run: Path, dest: Path, **arch) -> Path:
-    """A copy of run's latest checkpoint whose manifest records `arch` changes."""
+    """A copy of run's latest checkpoint whose manifest records `arch` changes (sealed with
+    the manifest's own digest again: a well-formed checkpoint of another model, not damage)."""
+    from trainer import manifest as mf
+
     shutil.copytree((run / "checkpoints" / "latest").resolve(), dest)
     manifest = json.loads((dest / "manifest.json").read_text())
     manifest["architecture"] |= arch
+    manifest["digest"] = mf.digest(manifest)
     (dest / "manifest.json").write_text(json.dumps(manifest))
     return dest
 
