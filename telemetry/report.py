@@ -104,10 +104,19 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             "last": {"step": ref[-1]["step"], "loss": ref[-1]["loss"]},
             "min": {"step": low["step"], "loss": low["loss"]},
         }
+    samples = {e.step: e.data.get("text", e.message) for e in _unique(events, "sample")}
     evals = [
-        {"step": e.step, "val_loss": e.data.get("val_loss"), "val_tokens": e.data.get("val_tokens")}
+        {
+            "step": e.step,
+            "val_loss": e.data.get("val_loss"),
+            "val_tokens": e.data.get("val_tokens"),
+            "sample": samples.get(e.step),
+        }
         for e in _unique(events, "eval")
     ]
+    started = _unique(events, "started")
+    model = dict(started[-1].data) if started else {}
+    rates = [r["update_tokens"] / r["update_s"] for r in ref if r.get("update_s")]
     rebalances = []
     moves = _unique(events, "rebalanced")
     for i, e in enumerate(moves):
@@ -127,6 +136,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         )
     return {
         "run_dir": str(run_dir),
+        "model": {
+            "params": model.get("params"),
+            "precision": model.get("precision"),
+            **{k: (model.get("architecture") or {}).get(k) for k in ("depth", "width", "vocab")},
+        },
+        "median_tokens_per_s": _median(rates),
+        "samples": [{"step": s, "text": t} for s, t in sorted(samples.items())],
         "world_size": len(ranks),
         "steps": ref[-1]["step"] if ref else 0,
         "tokens": ref[-1]["tokens"] if ref else 0,
@@ -230,13 +246,19 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
         evals = Table(title="Evals")
         for col in ("step", "val loss", "val tokens"):
             evals.add_column(col, justify="right")
+        with_samples = any(e.get("sample") for e in summary["evals"])
+        if with_samples:
+            evals.add_column("sample (--prompt)", overflow="fold")
         for e in summary["evals"]:
             vl = e["val_loss"]
-            evals.add_row(
+            row = [
                 str(e["step"]),
                 f"{vl:.4f}" if isinstance(vl, int | float) else "-",
                 f"{e['val_tokens']:,}" if isinstance(e["val_tokens"], int) else "-",
-            )
+            ]
+            if with_samples:
+                row.append(escape(repr(e.get("sample") or "")[1:-1][:160]))
+            evals.add_row(*row)
         console.print(evals)
     if best := summary.get("best"):
         console.print(f"Best validation loss: {best['val_loss']:.4f} at update {best['step']}")

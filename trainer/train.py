@@ -76,6 +76,9 @@ def train(
         split=state["split"],
         updates=cfg.updates,
         config_digest=cfg.digest(),
+        architecture=run.identity["architecture"],
+        params=run.model.num_params(),
+        precision=cfg.precision,
     )
     if (note := restart_note()) and cluster.is_root:  # relaunched by fleet launch --restarts
         run.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)
@@ -94,7 +97,8 @@ def train(
                     break
 
                 # --- evaluation and samples (before the update, so step 0 is measured too)
-                if cfg.eval_every and step % cfg.eval_every == 0 and step > state["start_step"]:
+                evaluated = cfg.eval_every and step % cfg.eval_every == 0
+                if evaluated and step > state["start_step"]:
                     watchdog.progress("eval")
                     val_loss, val_tokens = run.evaluate()
                     say(f"eval  step {step}: val loss {val_loss:.4f} over {val_tokens:,} tokens")
@@ -102,7 +106,9 @@ def train(
                         say(why)
                         run.stop_early(why)  # with a checkpoint: --resume latest goes on
                         break
-                if cfg.sample_every and step % cfg.sample_every == 0 and cluster.is_root:
+                # the "test sentence": with each evaluation, and every --sample-every updates
+                sampled = cfg.sample_every and step % cfg.sample_every == 0
+                if cluster.is_root and (sampled or (evaluated and step and run.data.tokenizer)):
                     text = run.sample()
                     say(f"sample step {step}: {text!r}")
                     run.event("sample", text[:200], prompt=cfg.prompt, text=text)
