@@ -316,14 +316,9 @@ def add_arguments(parser: Any) -> None:
         "mlx-fleet everywhere, the dataset's digest, free disk and memory, then the group "
         "itself and the speed of each link. Exits 1 naming each problem."
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("-n", type=int, default=0, metavar="N", help="ranks on this machine")
-    where.add_argument("--hostfile", help="mlx.launch's JSON hostfile: one rank per host entry")
-    parser.add_argument("--backend", default=None, help="distributed backend (as fleet launch)")
-    parser.add_argument("--python", default=sys.executable, help="the interpreter on every host")
-    parser.add_argument("--starting-port", type=int, default=32323, help="ring backend: first port")
-    parser.add_argument("--nccl-port", type=int, default=12345, help="nccl backend: rank 0 port")
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    from trainer.launch import rank_arguments
+
+    rank_arguments(parser)
     parser.add_argument(
         "--timeout",
         type=float,

@@ -44,34 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "entry of an mlx.launch hostfile. Everything after `--` is the rank's command, "
         "normally `train ARGS` (the arguments of `fleet train`)."
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("-n", type=int, default=0, metavar="N", help="ranks on this machine")
-    where.add_argument("--hostfile", help="mlx.launch's JSON hostfile: one rank per host entry")
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default=None,
-        help="distributed backend (default: the hostfile's, else nccl on CUDA, else ring)",
-    )
-    parser.add_argument(
-        "--starting-port",
-        type=int,
-        default=32323,
-        help="ring backend: first port, one more per rank and IP",
-    )
-    parser.add_argument("--nccl-port", type=int, default=12345, help="nccl backend: rank 0 port")
-    parser.add_argument(
-        "--python",
-        default=sys.executable,
-        help="the interpreter on every host (default: this one's path)",
-    )
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment variable for every rank (repeatable)",
-    )
+    rank_arguments(parser)
     parser.add_argument(
         "--stop-grace",
         type=float,
@@ -111,6 +84,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="mlx.launch's debug output")
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- train ARGS (the rank's fleet subcommand)"
+    )
+
+
+def rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks run and how mlx.launch starts them: `fleet launch`'s and `fleet
+    check`'s flags alike."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-n", type=int, default=0, metavar="N", help="ranks on this machine")
+    where.add_argument("--hostfile", help="mlx.launch's JSON hostfile: one rank per host entry")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="distributed backend (default: the hostfile's, else nccl on CUDA, else ring)",
+    )
+    parser.add_argument(
+        "--starting-port",
+        type=int,
+        default=32323,
+        help="ring backend: first port, one more per rank and IP (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nccl-port",
+        type=int,
+        default=12345,
+        help="nccl backend: rank 0 port (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter on every host (default: this one's path)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for every rank (repeatable)",
     )
 
 
@@ -539,14 +550,3 @@ class Supervisor:
         if left:
             say(f"fleet launch: ended {left} process(es) of the run still running after it")
         return 0
-
-
-def supervise(
-    argv: list[str],
-    env: dict[str, str],
-    hosts: list[str] | None = None,
-    grace: float = 30.0,
-    run_dir: str | Path | None = None,
-) -> int:
-    """Run mlx.launch under a Supervisor; returns the launch's exit code."""
-    return Supervisor(argv, env, hosts, grace, run_dir).run()
