@@ -65,11 +65,12 @@ class Autopilot:
     cooldown: int = 20
     headroom: float = 0.15
     pause_on_pressure: bool = False
-    history: int = 30  # updates per rank the fit looks at
-
     def __post_init__(self) -> None:
+        # The last `window` updates of each rank since the last change: costs per sample are
+        # read as medians, so a change of split needs no history, and a slowdown that moves
+        # is seen within a window instead of being averaged with the past.
         self.samples: list[deque[balance.RankSample]] = [
-            deque(maxlen=self.history) for _ in range(self.world)
+            deque(maxlen=self.window) for _ in range(self.world)
         ]
         self.swaps: list[deque[float]] = [deque(maxlen=self.window) for _ in range(self.world)]
         self.since_change = 0
@@ -198,7 +199,7 @@ class Autopilot:
         self.since_change = 0
         self.streak = None
         self.recent.clear()
-        for s in self.swaps:
+        for s in (*self.swaps, *self.samples):
             s.clear()
         self.pending = {
             "from": old,
