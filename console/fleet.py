@@ -8,7 +8,7 @@ and the benchmark read it. The log's wording is in `console.events`, the derived
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 from console import events
 from console.events import LogLine
 from console.hostfile import RankTarget
-from console.model import UP, LinkPhase, LinkStatus
+from console.model import NOBODY, UP, LinkPhase, LinkStatus
 from console.series import Series
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
 
@@ -25,6 +25,7 @@ LOG_LINES = 2000
 LOSS_POINTS = 4000  # per series; older points are merged pairwise, so the whole run fits
 SEEN_EVENTS = 4096  # events remembered, to drop the history a reconnect sends again
 EARLY_REPLIES = 64  # replies kept that overtook the news that their command was sent
+GROUPS = 256  # recent event lines other ranks may still join (what every rank says alike)
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class RankView:
     dropped: int = 0
     last_seen: float | None = None  # wall time of the last record from it
     version: int = 0  # bumped on every change, so views redraw only what changed
+    said: str = ""  # the last link line logged for it: a link retrying says it once
+    refused: str = ""  # the kind of its last refusal, until it is live again
 
     @property
     def rank(self) -> int:
@@ -93,6 +96,8 @@ class Fleet:
         self.clock = clock
         self.ranks = [RankView(t) for t in targets]
         self.log_lines: deque[LogLine] = deque(maxlen=LOG_LINES)
+        self.log_version = 0  # bumped when a line is added or another rank joins one
+        self._groups: OrderedDict[tuple, LogLine] = OrderedDict()
         self._seq = 0
         self.loss = Series(LOSS_POINTS)
         self.evals = Series(LOSS_POINTS)
@@ -100,6 +105,8 @@ class Fleet:
         self.world_size = len(self.ranks)
         self.paused = False
         self.stopped = False
+        self.failed = ""  # the last error event's words: the run ended on it
+        self.last_time: float | None = None  # the newest record's own time (the run's clock)
         self.total_updates: int | None = None
         self.pending: dict[int, SentCommand] = {}
         self._early: dict[int, Reply] = {}  # replies that arrived before their command_sent
@@ -115,6 +122,16 @@ class Fleet:
 
     def step(self) -> int:
         return max((v.last.step for v in self.ranks if v.last), default=0)
+
+    def nobody(self) -> bool:
+        """No rank ever answered and every one was refused: nothing listens on their ports."""
+        return all(
+            v.hello is None and v.refused == NOBODY and v.phase not in UP for v in self.ranks
+        )
+
+    def ended(self) -> bool:
+        """Every rank's record is over (a replay played its last one)."""
+        return bool(self.ranks) and all(v.phase is LinkPhase.ENDED for v in self.ranks)
 
     def split(self) -> list[int] | None:
         """Every rank's local batch, once each has reported its own."""
@@ -158,9 +175,14 @@ class Fleet:
         old, view.link = view.link, status
         view.version += 1
         self.version += 1
+        if status.phase is LinkPhase.LIVE:
+            view.said = view.refused = ""  # back: the next trouble is news again
+        elif status.phase is LinkPhase.REFUSED:
+            view.refused = status.kind  # kept while it retries (connecting again)
         said = events.link_line(old, status)
-        if said is None:
-            return
+        if said is None or said[1] == view.said:
+            return  # a link retrying with the same refusal says it once
+        view.said = said[1]
         self.log(said[1], said[0], rank=status.rank)
         # (A loss is news only from a connected link.) Replies go back on the connection a
         # command came in on: with rank 0's link, those of every command waiting are gone.
@@ -187,11 +209,32 @@ class Fleet:
         step: int | None = None,
         kind: str = "",
         when: float | None = None,
-    ) -> None:
+    ) -> LogLine:
         """Add a line to the event log (`when`: the record's own time, else now)."""
         self._seq += 1
         when = self.clock() if when is None else when
-        self.log_lines.append(LogLine(self._seq, when, level, text, rank, step, kind))
+        ranks = () if rank is None else (rank,)
+        who = events.who(ranks, 1)
+        line = LogLine(self._seq, when, level, text, rank, step, kind, ranks, who)
+        self.log_lines.append(line)
+        self.log_version += 1
+        self.version += 1
+        return line
+
+    def _log_alike(self, e: Event, level: str, text: str) -> None:
+        """An event's line, or the same line another rank already said, joined by this one."""
+        key = (e.kind, e.step, level, text)
+        line = self._groups.get(key)
+        if line is None or e.rank in line.ranks:
+            line = self.log(text, level, rank=e.rank, step=e.step, kind=e.kind, when=e.time)
+            self._groups[key] = line
+            if len(self._groups) > GROUPS:
+                self._groups.popitem(last=False)
+            return
+        line.ranks = (*line.ranks, e.rank)
+        line.who = events.who(line.ranks, self.world_size)
+        line.rev += 1
+        self.log_version += 1
         self.version += 1
 
     # --- one message each --------------------------------------------------------------------
@@ -206,7 +249,9 @@ class Fleet:
             self.run_id = ""
             self.loss.clear()
             self.evals.clear()
+            self._groups.clear()  # the new run's steps start again: never join its lines to ours
             self.paused = self.stopped = False
+            self.failed = ""
         if not self.run_id:
             self.run_id = hello.run_id
             self.world_size = hello.world_size
@@ -224,6 +269,8 @@ class Fleet:
         if last is not None and u.step <= last.step:
             return  # history re-sent after a reconnect, or a resumed run replaying: seen already
         view.updates.append(u)
+        if self.last_time is None or u.time > self.last_time:
+            self.last_time = u.time
         if u.step > self.loss.last_x:
             self.loss.add(u.step, u.loss)
 
@@ -236,18 +283,23 @@ class Fleet:
         self._seen_events.append(key)
         self._seen_set.add(key)
         data = e.data or {}
+        if self.last_time is None or e.time > self.last_time:
+            self.last_time = e.time
         if e.kind == "started":
             self.paused = self.stopped = False
+            self.failed = ""
             if isinstance(data.get("updates"), int):
                 self.total_updates = data["updates"]
         elif e.kind in ("paused", "resumed"):
             self.paused = e.kind == "paused"
         elif e.kind == "stopped":
             self.stopped = True
+        elif e.kind == "error":
+            self.failed = e.message or "error"
         elif e.kind == "eval" and isinstance(v := data.get("val_loss"), int | float):
             self.evals.add(e.step, float(v))
         level, text = events.event_line(e)
-        self.log(text, level, rank=e.rank, step=e.step, kind=e.kind, when=e.time)
+        self._log_alike(e, level, text)
 
     def _reply(self, r: Reply) -> None:
         if r.id != 0 and r.id not in self.pending and len(self._early) < EARLY_REPLIES:
