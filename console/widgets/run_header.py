@@ -15,6 +15,11 @@ STATUS_STYLE = {
     "stopped": ("■ STOPPED", "bold white on red"),
     "connecting": ("◌ CONNECTING", "bold black on white"),
     "no link": ("✗ NO LINK", "bold white on red"),
+    "no run": ("✗ NO RUN", "bold white on red"),
+    # A replay that is over: how the run ended, never "running"
+    "finished": ("■ FINISHED", "bold black on green"),
+    "ended": ("■ ENDED", "bold black on yellow"),
+    "failed": ("✗ FAILED", "bold white on red"),
 }
 
 
@@ -43,8 +48,11 @@ class RunHeader(Widget):
             top.append(" ")
             top.append(f" {badge} ", "bold black on cyan")
         # Most telling first: what is cut at 80 columns is what matters least.
-        live_style = "bold green" if h.live == h.world and h.world else "bold red"
-        top.append(f"  {h.live}/{h.world} live", live_style)
+        if h.ended:  # a replay that is over: nothing is live, and nothing is wrong
+            top.append(f"  {h.world} ranks", "bold")
+        else:
+            live_style = "bold green" if h.live == h.world and h.world else "bold red"
+            top.append(f"  {h.live}/{h.world} live", live_style)
         total = f"/{h.total_updates:,}" if h.total_updates else ""
         top.append("  step ")
         top.append(f"{h.step:,}{total}", "bold")
@@ -62,8 +70,11 @@ class RunHeader(Widget):
         if h.val_loss is not None:
             low.append("  val ")
             low.append(f"{h.val_loss:.4f}", "bold magenta")
-        low.append("  ETA ")
-        low.append(fmt.duration(h.eta_s), "bold")
+        if h.ended:
+            low.append(f"  {h.ended}", "bold")
+        else:
+            low.append("  ETA ")
+            low.append(fmt.duration(h.eta_s), "bold")
         if h.straggler is not None:
             low.append("  straggler ")
             low.append(f"» rank {h.straggler}", "bold red")
