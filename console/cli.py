@@ -114,12 +114,12 @@ def _console(args: argparse.Namespace) -> int:
         return _replay(args)
     if args.gather:
         return _gather(args)
+    feed = build_feed(args)  # (its mistakes first: a wrong hostfile is said without a terminal)
     if not args.once:
         from console import terminal
 
         if problem := terminal.missing():
             raise ValueError(problem)
-    feed = build_feed(args)
     if args.once:
         from console import once
 

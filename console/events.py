@@ -108,8 +108,12 @@ def nobody_line(places: list[tuple[str, int]], advice: str = "") -> str:
     hosts = sorted({h for h, _ in places})
     ports = [p for _, p in places]
     span = f"{ports[0]}" if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
-    host = "127.0.0.1" if hosts == ["localhost"] else hosts[0] if len(hosts) == 1 else "each host"
-    text = f"nothing listening on {host}:{span}: no run serves there"
+    if len(hosts) == 1:
+        host = "127.0.0.1" if hosts == ["localhost"] else hosts[0]
+        where = f"{host}:{span}"
+    else:
+        where = f"ports {span} of {', '.join(dict.fromkeys(h for h, _ in places))}"
+    text = f"nothing listening on {where}: no run serves there"
     return f"{text}; {advice}" if advice else text
 
 
