@@ -47,8 +47,9 @@ def test_train_help_is_grouped_and_keeps_every_flag_and_default():
     # The flags parse as before: defaults suppressed, so explicit ones can be told apart.
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert vars(parser.parse_args([])) == {}
+    assert vars(parser.parse_args([])) == {"config": None}
     assert vars(parser.parse_args(["--updates", "40", "--synthetic"])) == {
+        "config": None,
         "updates": 40,
         "synthetic": True,
     }
