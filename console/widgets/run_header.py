@@ -31,6 +31,8 @@ class RunHeader(Widget):
         height: 2;
         padding: 0 1;
         background: $panel;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
@@ -62,6 +64,9 @@ class RunHeader(Widget):
         top.append(f"  {run_id or '—'}", "bright_black")
 
         low = Text()
+        if h.ended:  # first: how the run ended is what a finished replay is about
+            low.append(h.ended, "bold")
+            low.append("  ")
         low.append(fmt.count(h.tokens_per_s), "bold")
         low.append(" tok/s  update ")
         low.append(fmt.secs(h.update_s), "bold")
@@ -70,9 +75,7 @@ class RunHeader(Widget):
         if h.val_loss is not None:
             low.append("  val ")
             low.append(f"{h.val_loss:.4f}", "bold magenta")
-        if h.ended:
-            low.append(f"  {h.ended}", "bold")
-        else:
+        if not h.ended:
             low.append("  ETA ")
             low.append(fmt.duration(h.eta_s), "bold")
         if h.straggler is not None:
