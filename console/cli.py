@@ -316,6 +316,6 @@ def _replay(args: argparse.Namespace) -> int:
     from console.app import FleetApp
 
     if problem := terminal.missing():
-        raise ValueError(f"{problem}; or --once for its end")
+        raise ValueError(problem)
     with terminal.on_terminal():
         return FleetApp(feed, read_only=True).run() or 0
