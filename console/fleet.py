@@ -1,14 +1,15 @@
 """The console's model of the fleet: each rank's view, the run's flags, the event log.
 
 Pure (no Textual): links or a replay feed it through `apply` / `absorb`; the app, `--once`
-and the benchmark read it. The log's wording is in `console.events`, the derived figures
+and the benchmark read it. The log's wording is in `console.events`, its lines in
+`console.journal`, the derived figures
 (header, straggler, balancer input, JSON snapshot) in `console.snapshot`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from console import events
 from console.events import LogLine
 from console.hostfile import RankTarget
+from console.journal import Journal
 from console.model import NOBODY, UP, LinkPhase, LinkStatus
 from console.series import Series
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
@@ -25,7 +27,6 @@ LOG_LINES = 2000
 LOSS_POINTS = 4000  # per series; older points are merged pairwise, so the whole run fits
 SEEN_EVENTS = 4096  # events remembered, to drop the history a reconnect sends again
 EARLY_REPLIES = 64  # replies kept that overtook the news that their command was sent
-GROUPS = 256  # recent event lines other ranks may still join (what every rank says alike)
 
 
 @dataclass(slots=True)
@@ -95,10 +96,7 @@ class Fleet:
     ) -> None:
         self.clock = clock
         self.ranks = [RankView(t) for t in targets]
-        self.log_lines: deque[LogLine] = deque(maxlen=LOG_LINES)
-        self.log_version = 0  # bumped when a line is added or another rank joins one
-        self._groups: OrderedDict[tuple, LogLine] = OrderedDict()
-        self._seq = 0
+        self.journal = Journal(clock, LOG_LINES)
         self.loss = Series(LOSS_POINTS)
         self.evals = Series(LOSS_POINTS)
         self.run_id = ""
@@ -200,6 +198,15 @@ class Fleet:
         if early is not None:  # the reply overtook the news that the command was sent
             self._reply(early)
 
+    @property
+    def log_lines(self) -> deque[LogLine]:
+        """The event log's lines, oldest first."""
+        return self.journal.lines
+
+    @property
+    def log_version(self) -> int:
+        return self.journal.version
+
     def log(
         self,
         text: str,
@@ -211,31 +218,8 @@ class Fleet:
         when: float | None = None,
     ) -> LogLine:
         """Add a line to the event log (`when`: the record's own time, else now)."""
-        self._seq += 1
-        when = self.clock() if when is None else when
-        ranks = () if rank is None else (rank,)
-        who = events.who(ranks, 1)
-        line = LogLine(self._seq, when, level, text, rank, step, kind, ranks, who)
-        self.log_lines.append(line)
-        self.log_version += 1
         self.version += 1
-        return line
-
-    def _log_alike(self, e: Event, level: str, text: str) -> None:
-        """An event's line, or the same line another rank already said, joined by this one."""
-        key = (e.kind, e.step, level, text)
-        line = self._groups.get(key)
-        if line is None or e.rank in line.ranks:
-            line = self.log(text, level, rank=e.rank, step=e.step, kind=e.kind, when=e.time)
-            self._groups[key] = line
-            if len(self._groups) > GROUPS:
-                self._groups.popitem(last=False)
-            return
-        line.ranks = (*line.ranks, e.rank)
-        line.who = events.who(line.ranks, self.world_size)
-        line.rev += 1
-        self.log_version += 1
-        self.version += 1
+        return self.journal.add(text, level, rank=rank, step=step, kind=kind, when=when)
 
     # --- one message each --------------------------------------------------------------------
 
@@ -249,7 +233,7 @@ class Fleet:
             self.run_id = ""
             self.loss.clear()
             self.evals.clear()
-            self._groups.clear()  # the new run's steps start again: never join its lines to ours
+            self.journal.new_run()
             self.paused = self.stopped = False
             self.failed = ""
         if not self.run_id:
@@ -299,7 +283,8 @@ class Fleet:
         elif e.kind == "eval" and isinstance(v := data.get("val_loss"), int | float):
             self.evals.add(e.step, float(v))
         level, text = events.event_line(e)
-        self._log_alike(e, level, text)
+        self.journal.alike(e.rank, e.step, e.kind, level, text, e.time, self.world_size)
+        self.version += 1
 
     def _reply(self, r: Reply) -> None:
         if r.id != 0 and r.id not in self.pending and len(self._early) < EARLY_REPLIES:
