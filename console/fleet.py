@@ -2,8 +2,8 @@
 
 Pure (no Textual): links or a replay feed it through `apply` / `absorb`; the app, `--once`
 and the benchmark read it. The log's wording is in `console.events`, its lines in
-`console.journal`, the derived figures
-(header, straggler, balancer input, JSON snapshot) in `console.snapshot`.
+`console.journal`, the derived figures (header, straggler, balancer input, JSON snapshot) in
+`console.snapshot`.
 """
 
 from __future__ import annotations
