@@ -108,6 +108,14 @@ def record(run_dir: str | Path, ports: RecordedPorts) -> Path:
     return path
 
 
+def keep(run_dir: str | Path, served: RecordedPorts | None) -> Path | None:
+    """Record what the run serves now, or forget an earlier record when it serves nothing."""
+    if served is None:
+        forget(run_dir)  # an earlier session's record would point at nothing
+        return None
+    return record(run_dir, served)
+
+
 def forget(run_dir: str | Path) -> None:
     """Remove a record this run no longer serves (its telemetry socket is off)."""
     ports_path(run_dir).unlink(missing_ok=True)
@@ -155,6 +163,7 @@ __all__ = [
     "candidates",
     "forget",
     "is_free",
+    "keep",
     "parse",
     "ports_path",
     "read",

@@ -614,6 +614,9 @@ def test_ports_record_round_trip_and_errors(tmp_path):
         ports.read(tmp_path)
     ports.forget(tmp_path)
     assert ports.read(tmp_path) is None
+    assert ports.keep(tmp_path, ports.RecordedPorts(48000, 2)) == ports.ports_path(tmp_path)
+    assert ports.read(tmp_path).base == 48000
+    assert ports.keep(tmp_path, None) is None and ports.read(tmp_path) is None  # socket off
 
 
 def test_cli_send_and_tail_find_the_recorded_port(control, tmp_path, capsys):

@@ -448,13 +448,11 @@ def open_telemetry(
     )
     hub.start()
     if cluster.is_root:
-        if not port:
-            ports.forget(run_dir)  # an earlier session's record would point at nothing
-        else:
-            recorded = ports.RecordedPorts(
-                base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
-            )
-            where = ports.record(run_dir, recorded)
+        served = ports.RecordedPorts(
+            base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
+        )
+        where = ports.keep(run_dir, served if port else None)
+        if where is not None:
             moved = (
                 f" (the default {cfg.telemetry_port_base} is taken)"
                 if base != cfg.telemetry_port_base
