@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer
 
-from console import snapshot
+from console import events, snapshot
 from console.feed import Feed, Inbox, Playback
 from console.fleet import Fleet
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
@@ -68,7 +68,9 @@ class FleetApp(App[int]):
         demo: bool = False,
         fps: float = 8.0,
         clock: Callable[[], float] = time.time,
+        advice: Callable[[], str] | None = None,
     ) -> None:
+        """`advice`: what to suggest when no rank answers at all (e.g. `--replay RUN`)."""
         super().__init__()
         self.feed = feed
         self.replay = feed.playback is not None
@@ -83,6 +85,8 @@ class FleetApp(App[int]):
         self._last_now = 0.0
         self.frames = 0  # redraws done (the benchmark reads this)
         self.quit_choice: str | None = None  # demo: "stop" or "leave" the run on quitting
+        self.advice = advice
+        self._said_nobody = False
         self._exit_after_send: str | None = None
 
     # --- layout and start-up -----------------------------------------------------------------
@@ -134,6 +138,20 @@ class FleetApp(App[int]):
     def on_feed_ready(self, _: FeedReady) -> None:
         self.fleet.absorb(self.inbox.drain())
         self._dirty = True
+        if not self._said_nobody and self.fleet.nobody():
+            self._say_nobody()
+        elif self._said_nobody and not self.fleet.nobody():
+            self._said_nobody = False  # a rank answers after all: the run has started
+            self.fleet.warning = ""
+
+    def _say_nobody(self) -> None:
+        """No rank answers, and none will: say so once, with what to do instead."""
+        self._said_nobody = True
+        advice = self.advice() if self.advice is not None else ""
+        places = [(t.host, t.port) for t in self.feed.targets]
+        line = events.nobody_line(places, advice)
+        self.fleet.log(line, "error")
+        self.fleet.warning = line
 
     def _replay_tick(self) -> None:
         self._play(lambda p: p.tick(0.1))
@@ -152,7 +170,7 @@ class FleetApp(App[int]):
         if version != self._last_chart:
             self._last_chart = version
             self.chart.set_series(self.fleet.loss.all(), self.fleet.evals.all())
-        self.log_view.add(list(self.fleet.log_lines))
+        self.log_view.show(self.fleet.log_lines, self.fleet.log_version)
         top = self.screen_stack[-1] if self.screen_stack else None
         if isinstance(top, RankDetailScreen):
             top.show(self.fleet, now)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from console import terminal
+from console.command import typed
 from console.hostfile import DEFAULT_PORT_BASE
 
 WORLD = 4
@@ -111,9 +113,14 @@ def console_args(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", type=Path, help="run folder (default runs/demo-<time>)")
-    parser.add_argument("--cache", type=Path, help="dataset cache (default ~/.cache/mlx-fleet)")
-    parser.add_argument("--port-base", type=int, default=DEFAULT_PORT_BASE)
+    parser.add_argument("--run-dir", type=Path, help="run folder (default: runs/demo-<time>)")
+    parser.add_argument("--cache", type=Path, help="dataset cache (default: ~/.cache/mlx-fleet)")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=DEFAULT_PORT_BASE,
+        help="first telemetry port; the next free base when taken (default: %(default)s)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
 
@@ -139,11 +146,15 @@ def run(args: argparse.Namespace) -> int:
         args.port_base = base
     prep = prepare_command(cache)
     launch = launch_command(data, run_dir, port_base=args.port_base)
-    watch = ["fleet", "console", *console_args(run_dir, port_base=args.port_base)]
+    watch = typed(["console", *console_args(run_dir, port_base=args.port_base)])
     if args.dry_run:
-        for cmd in (prep, launch, watch):
+        for cmd in (prep, launch):
             print(shlex.join(cmd))
+        print(watch)
         return 0
+    if problem := terminal.missing():
+        print(f"fleet demo: {problem}", file=sys.stderr)
+        return 2
 
     # --- the dataset, once
     if not (data / "dataset.json").exists():
@@ -178,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
     from console.live import LiveFeed
 
     feed = LiveFeed(local_targets(WORLD, args.port_base), TCPConnector(), run_dir=str(run_dir))
-    app = FleetApp(feed, demo=True)
-    app.run()
+    with terminal.on_terminal():  # `fleet demo | tee log`: draw on the terminal, at its size
+        app = FleetApp(feed, demo=True)
+        app.run()
     if proc.poll() is not None:
         print(f"fleet demo: the run ended ({proc.returncode}); its folder: {run_dir}")
         return 0
@@ -195,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"fleet demo: the run goes on (pid {proc.pid}). Watch it again with:\n"
-        f"  {shlex.join(watch)}\nand stop it from there with s."
+        f"  {watch}\nand stop it from there with s."
     )
     return 0
 

@@ -26,15 +26,27 @@ LEVEL = {
 
 @dataclass(slots=True)
 class LogLine:
-    """One line of the event log."""
+    """One line of the event log; what several ranks said alike is one line with their ranks."""
 
     seq: int
     time: float
     level: str
     text: str
-    rank: int | None = None
+    rank: int | None = None  # the first rank that said it
     step: int | None = None
     kind: str = ""
+    ranks: tuple[int, ...] = ()  # every rank that said it, in arrival order
+    who: str = ""  # "r2", "r0,1,3", "all 4 ranks": who said it, as the log shows it
+    rev: int = 0  # bumped when another rank joins the line, so views redraw it
+
+
+def who(ranks: tuple[int, ...], world: int) -> str:
+    """The ranks that said a line: "r2", "r0,1,3", or "all 4 ranks" once every one has."""
+    if not ranks:
+        return ""
+    if len(ranks) == world and world > 1:
+        return f"all {world} ranks"
+    return "r" + ",".join(str(r) for r in sorted(ranks))
 
 
 def event_line(e: Event) -> tuple[str, str]:
@@ -86,6 +98,23 @@ def link_line(old: LinkStatus | None, new: LinkStatus) -> tuple[str, str] | None
     if new.phase is LinkPhase.LIVE and was in (LinkPhase.LOST, LinkPhase.REFUSED):
         return "good", f"rank {new.rank} link back"
     return None
+
+
+def nobody_line(places: list[tuple[str, int]], advice: str = "") -> str:
+    """Every rank refused with nothing listening: no run serves there (and what to do).
+
+    `places`: each rank's (host, port); "localhost" is the console's own machine.
+    """
+    hosts = sorted({h for h, _ in places})
+    ports = [p for _, p in places]
+    span = f"{ports[0]}" if len(ports) == 1 else f"{min(ports)}-{max(ports)}"
+    if len(hosts) == 1:
+        host = "127.0.0.1" if hosts == ["localhost"] else hosts[0]
+        where = f"{host}:{span}"
+    else:
+        where = f"ports {span} of {', '.join(dict.fromkeys(h for h, _ in places))}"
+    text = f"nothing listening on {where}: no run serves there"
+    return f"{text}; {advice}" if advice else text
 
 
 def command_name(cmd: str, args: dict[str, Any]) -> str:

@@ -1,8 +1,9 @@
 """The console's model of the fleet: each rank's view, the run's flags, the event log.
 
 Pure (no Textual): links or a replay feed it through `apply` / `absorb`; the app, `--once`
-and the benchmark read it. The log's wording is in `console.events`, the derived figures
-(header, straggler, balancer input, JSON snapshot) in `console.snapshot`.
+and the benchmark read it. The log's wording is in `console.events`, its lines in
+`console.journal`, the derived figures (header, straggler, balancer input, JSON snapshot) in
+`console.snapshot`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from console import events
 from console.events import LogLine
 from console.hostfile import RankTarget
-from console.model import UP, LinkPhase, LinkStatus
+from console.journal import Journal
+from console.model import NOBODY, UP, LinkPhase, LinkStatus
 from console.series import Series
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
 
@@ -48,6 +50,8 @@ class RankView:
     dropped: int = 0
     last_seen: float | None = None  # wall time of the last record from it
     version: int = 0  # bumped on every change, so views redraw only what changed
+    said: str = ""  # the last link line logged for it: a link retrying says it once
+    refused: str = ""  # the kind of its last refusal, until it is live again
 
     @property
     def rank(self) -> int:
@@ -92,14 +96,15 @@ class Fleet:
     ) -> None:
         self.clock = clock
         self.ranks = [RankView(t) for t in targets]
-        self.log_lines: deque[LogLine] = deque(maxlen=LOG_LINES)
-        self._seq = 0
+        self.journal = Journal(clock, LOG_LINES)
         self.loss = Series(LOSS_POINTS)
         self.evals = Series(LOSS_POINTS)
         self.run_id = ""
         self.world_size = len(self.ranks)
         self.paused = False
         self.stopped = False
+        self.failed = ""  # the last error event's words: the run ended on it
+        self.last_time: float | None = None  # the newest record's own time (the run's clock)
         self.total_updates: int | None = None
         self.pending: dict[int, SentCommand] = {}
         self._early: dict[int, Reply] = {}  # replies that arrived before their command_sent
@@ -115,6 +120,16 @@ class Fleet:
 
     def step(self) -> int:
         return max((v.last.step for v in self.ranks if v.last), default=0)
+
+    def nobody(self) -> bool:
+        """No rank ever answered and every one was refused: nothing listens on their ports."""
+        return all(
+            v.hello is None and v.refused == NOBODY and v.phase not in UP for v in self.ranks
+        )
+
+    def ended(self) -> bool:
+        """Every rank's record is over (a replay played its last one)."""
+        return bool(self.ranks) and all(v.phase is LinkPhase.ENDED for v in self.ranks)
 
     def split(self) -> list[int] | None:
         """Every rank's local batch, once each has reported its own."""
@@ -158,9 +173,14 @@ class Fleet:
         old, view.link = view.link, status
         view.version += 1
         self.version += 1
+        if status.phase is LinkPhase.LIVE:
+            view.said = view.refused = ""  # back: the next trouble is news again
+        elif status.phase is LinkPhase.REFUSED:
+            view.refused = status.kind  # kept while it retries (connecting again)
         said = events.link_line(old, status)
-        if said is None:
-            return
+        if said is None or said[1] == view.said:
+            return  # a link retrying with the same refusal says it once
+        view.said = said[1]
         self.log(said[1], said[0], rank=status.rank)
         # (A loss is news only from a connected link.) Replies go back on the connection a
         # command came in on: with rank 0's link, those of every command waiting are gone.
@@ -178,6 +198,15 @@ class Fleet:
         if early is not None:  # the reply overtook the news that the command was sent
             self._reply(early)
 
+    @property
+    def log_lines(self) -> deque[LogLine]:
+        """The event log's lines, oldest first."""
+        return self.journal.lines
+
+    @property
+    def log_version(self) -> int:
+        return self.journal.version
+
     def log(
         self,
         text: str,
@@ -187,12 +216,10 @@ class Fleet:
         step: int | None = None,
         kind: str = "",
         when: float | None = None,
-    ) -> None:
+    ) -> LogLine:
         """Add a line to the event log (`when`: the record's own time, else now)."""
-        self._seq += 1
-        when = self.clock() if when is None else when
-        self.log_lines.append(LogLine(self._seq, when, level, text, rank, step, kind))
         self.version += 1
+        return self.journal.add(text, level, rank=rank, step=step, kind=kind, when=when)
 
     # --- one message each --------------------------------------------------------------------
 
@@ -206,7 +233,9 @@ class Fleet:
             self.run_id = ""
             self.loss.clear()
             self.evals.clear()
+            self.journal.new_run()
             self.paused = self.stopped = False
+            self.failed = ""
         if not self.run_id:
             self.run_id = hello.run_id
             self.world_size = hello.world_size
@@ -224,6 +253,8 @@ class Fleet:
         if last is not None and u.step <= last.step:
             return  # history re-sent after a reconnect, or a resumed run replaying: seen already
         view.updates.append(u)
+        if self.last_time is None or u.time > self.last_time:
+            self.last_time = u.time
         if u.step > self.loss.last_x:
             self.loss.add(u.step, u.loss)
 
@@ -236,18 +267,24 @@ class Fleet:
         self._seen_events.append(key)
         self._seen_set.add(key)
         data = e.data or {}
+        if self.last_time is None or e.time > self.last_time:
+            self.last_time = e.time
         if e.kind == "started":
             self.paused = self.stopped = False
+            self.failed = ""
             if isinstance(data.get("updates"), int):
                 self.total_updates = data["updates"]
         elif e.kind in ("paused", "resumed"):
             self.paused = e.kind == "paused"
         elif e.kind == "stopped":
             self.stopped = True
+        elif e.kind == "error":
+            self.failed = e.message or "error"
         elif e.kind == "eval" and isinstance(v := data.get("val_loss"), int | float):
             self.evals.add(e.step, float(v))
         level, text = events.event_line(e)
-        self.log(text, level, rank=e.rank, step=e.step, kind=e.kind, when=e.time)
+        self.journal.alike(e.rank, e.step, e.kind, level, text, e.time, self.world_size)
+        self.version += 1
 
     def _reply(self, r: Reply) -> None:
         if r.id != 0 and r.id not in self.pending and len(self._early) < EARLY_REPLIES:

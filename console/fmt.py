@@ -60,3 +60,8 @@ def count(n: float | None) -> str:
 def clock(t: float) -> str:
     """Local wall-clock time of day, `14:03:07`."""
     return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def stamp(t: float) -> str:
+    """Local date and time, `2026-12-01 14:03:07`, for when a run ended."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))

@@ -11,6 +11,7 @@ Phases::
     refused                               (auth, host key, nothing listening: with the reason;
                                            retried only when retrying can help, or when the
                                            operator asks: key l)
+    ended                                 (a replay that has played its last record)
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ class LinkPhase(StrEnum):
     STALE = "stale"
     LOST = "lost"
     REFUSED = "refused"
+    ENDED = "ended"  # a replay's log is over: the run's end, not a fault
 
 
 UP = (LinkPhase.LIVE, LinkPhase.STALE)  # connected: records may still arrive, commands may go
+NOBODY = "nothing listening"  # a refusal's kind when no process serves the port at all
 
 
 @dataclass(slots=True)

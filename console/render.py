@@ -119,6 +119,7 @@ LINK_STYLE = {
     LinkPhase.CONNECTING: ("◌", STYLE_DIM),
     LinkPhase.LOST: ("○", "red"),
     LinkPhase.REFUSED: ("✗", "bold red"),
+    LinkPhase.ENDED: ("■", STYLE_DIM),  # a replay's log is over: the run ended, no fault
 }
 
 

@@ -101,6 +101,7 @@ class ReplayFeed:
         self.clock = 0.0
         self.speed = speed
         self.playing = True
+        self._ended = False
         self.sink: LinkSink | None = None
 
     @property
@@ -126,6 +127,11 @@ class ReplayFeed:
             self.sink.link_message(rank, msg)
             self.clock = max(self.clock, t)
             self.position += 1
+        if self.done and not self._ended:
+            # The log is over: the run ended here (not a lost link), and the views say how.
+            self._ended = True
+            for h in self.hellos:
+                self.sink.link_status(LinkStatus(h.rank, LinkPhase.ENDED, "end of the log"))
 
     def tick(self, dt: float) -> None:
         """Advance the replay clock by `dt` wall seconds (scaled by the speed) when playing."""

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from console import fmt
 from console.fleet import Fleet, RankView
 from console.model import UP
 from telemetry import balance
@@ -32,12 +33,44 @@ class HeaderInfo:
     loss: float | None = None
     val_loss: float | None = None
     eta_s: float | None = None
-    status: str = "connecting"  # running, paused, stopped, connecting, no link
+    status: str = "connecting"  # running, paused, stopped, connecting, no link, no run, or
+    # once a replay is over: finished, stopped, failed, ended (see `ending`)
     live: int = 0
     world: int = 0
     straggler: int | None = None
     global_batch: int | None = None
     warning: str = ""
+    ended: str = ""  # a replay that is over: "finished at update 30/30, 14:03:07"
+
+
+@dataclass(slots=True)
+class RunEnd:
+    """How a run's records end: the last update, and what the log says about why."""
+
+    how: str  # finished (reached its planned updates), stopped, failed, ended (no reason logged)
+    step: int
+    total: int | None
+    time: float | None  # the last record's own wall time
+
+    def describe(self) -> str:
+        """`finished at update 30/30, 2026-12-01 14:03:07`."""
+        of = f"/{self.total:,}" if self.total else ""
+        when = f", {fmt.stamp(self.time)}" if self.time else ""
+        return f"{self.how} at update {self.step:,}{of}{when}"
+
+
+def ending(fleet: Fleet) -> RunEnd:
+    """How the fleet's records end (read once they are all in: a replay that is over)."""
+    step = fleet.step()
+    if fleet.failed:
+        how = "failed"
+    elif fleet.stopped:
+        how = "stopped"
+    elif fleet.total_updates and step >= fleet.total_updates:
+        how = "finished"
+    else:
+        how = "ended"  # neither its planned end nor a stop: killed, or crashed without a word
+    return RunEnd(how, step, fleet.total_updates, fleet.last_time)
 
 
 def reference(fleet: Fleet) -> RankView | None:
@@ -88,10 +121,15 @@ def header(fleet: Fleet) -> HeaderInfo:
             info.eta_s = max(0, fleet.total_updates - info.step) * info.update_s
     if fleet.evals:
         info.val_loss = fleet.evals.last_y
-    if fleet.stopped:
+    if fleet.ended():
+        end = ending(fleet)
+        info.status, info.ended = end.how, end.describe()
+    elif fleet.stopped:
         info.status = "stopped"
     elif fleet.paused:
         info.status = "paused"
+    elif info.live == 0 and fleet.nobody():
+        info.status = "no run"  # every port refused: nothing is coming, say so
     elif info.live == 0:
         info.status = "connecting" if not fleet.run_id else "no link"
     else:
@@ -138,9 +176,14 @@ def proposal(
 # --- the JSON picture (--once --json, replay --once) ---------------------------------------------
 
 
-def snapshot(fleet: Fleet) -> dict[str, Any]:
-    """A JSON-ready picture of the run now."""
+def snapshot(fleet: Fleet, now: float | None = None) -> dict[str, Any]:
+    """A JSON-ready picture of the run now: each rank's newest update and how old it is.
+
+    `now`: the time ages are measured from (default the fleet's clock; a replay passes the
+    end of its log).
+    """
     h = header(fleet)
+    now = fleet.clock() if now is None else now
     ranks = []
     for v in fleet.ranks:
         u = v.last
@@ -157,6 +200,7 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
                 "straggler": v.rank == h.straggler,
                 "dropped": v.dropped,
                 "update": u.to_msg() if u else None,
+                "update_age_s": None if u is None else round(max(0.0, now - u.time), 3),
             }
         )
     return {
@@ -174,12 +218,14 @@ def snapshot(fleet: Fleet) -> dict[str, Any]:
         "world": h.world,
         "straggler": h.straggler,
         "global_batch": h.global_batch,
+        "ended": h.ended,
         "ranks": ranks,
         "events": [
             {
                 "time": ln.time,
                 "level": ln.level,
                 "rank": ln.rank,
+                "ranks": list(ln.ranks),
                 "step": ln.step,
                 "kind": ln.kind,
                 "text": ln.text,

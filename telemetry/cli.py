@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from telemetry import auth
+from telemetry import auth, ports
 from telemetry.client import TelemetryClient
 from telemetry.errors import AuthError, ConnectionLost, TelemetryError
 from telemetry.protocol import DEFAULT_PORT_BASE
@@ -25,23 +25,49 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
     tail = sub.add_parser("tail", help="print a rank's messages as they come")
     tail.add_argument(
         "target",
+        nargs="?",
         metavar="HOST:PORT",
-        help="the rank's address (HOST:PORT, or PORT for 127.0.0.1, or a rank-N.sock path)",
+        help="the rank's address (HOST:PORT, or PORT for 127.0.0.1, or a rank-N.sock path); "
+        "with --run-dir instead, the port the run recorded",
     )
     tail.add_argument(
-        "--count", type=int, default=0, help="stop after N update records (0 = never)"
+        "--run-dir", metavar="RUN", help="find the rank's port in RUN/telemetry/ports.json"
+    )
+    tail.add_argument(
+        "--rank", type=int, default=0, help="with --run-dir: which rank (default: %(default)s)"
+    )
+    tail.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        help="print the newest N updates (history first, then live ones) and stop "
+        "(default: %(default)s = print everything, never stop)",
     )
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
-    tail.add_argument("--timeout", type=float, default=5.0, help="connect timeout, seconds")
+    tail.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="connect timeout, seconds (default: %(default)s)",
+    )
 
     send = sub.add_parser("send", help="send a signed command to rank 0 and print its reply")
     send.add_argument("--run-dir", required=True, metavar="RUN", help="run folder (control.key)")
     send.add_argument(
-        "--port-base", type=int, default=DEFAULT_PORT_BASE, help="the run's port base (rank 0's)"
+        "--port-base",
+        type=int,
+        default=None,
+        help="the run's port base (rank 0's) (default: the one recorded in "
+        f"RUN/telemetry/ports.json, else {DEFAULT_PORT_BASE})",
     )
-    send.add_argument("--host", default="127.0.0.1", help="where rank 0 serves")
     send.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for the command to apply"
+        "--host", default="127.0.0.1", help="where rank 0 serves (default: %(default)s)"
+    )
+    send.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the command to apply (default: %(default)s)",
     )
     send.add_argument(
         "cmd", choices=sorted(COMMANDS), metavar="CMD", help=", ".join(sorted(COMMANDS))
@@ -103,18 +129,38 @@ def _connect(target: str, timeout: float, key: bytes | None = None) -> Telemetry
     )
 
 
+def recorded_base(run_dir: str) -> int:
+    """The port base a run recorded in RUN/telemetry/ports.json, else the default."""
+    recorded = ports.read(run_dir)  # ValueError when the record is unreadable
+    return recorded.base if recorded is not None else DEFAULT_PORT_BASE
+
+
+def _tail_target(args: argparse.Namespace) -> str:
+    if args.target:
+        return args.target
+    if not args.run_dir:
+        raise ValueError("give the rank's HOST:PORT, or --run-dir RUN (and --rank N)")
+    return str(recorded_base(args.run_dir) + args.rank)
+
+
 def _tail(args: argparse.Namespace) -> int:
     try:
-        client = _connect(args.target, args.timeout)
-    except TelemetryError as e:
+        client = _connect(_tail_target(args), args.timeout)
+    except (TelemetryError, ValueError) as e:
         _err(str(e))
         return 1
     updates = 0
+    # The hello says how many updates of history follow, oldest first: with --count N, the
+    # newest N of them are what was asked for, not the oldest.
+    skip = max(0, client.hello.backlog - args.count) if args.count > 0 else 0
     try:
         _emit(client.hello, args.json)
         while args.count <= 0 or updates < args.count:
             msg = client.recv()
             if msg is None:
+                continue
+            if isinstance(msg, Update) and skip:
+                skip -= 1
                 continue
             _emit(msg, args.json)
             updates += isinstance(msg, Update)
@@ -201,9 +247,14 @@ def _send(args: argparse.Namespace) -> int:
         _err(str(e))
         return 2
     try:
-        with TelemetryClient.connect(args.host, args.port_base, key=key, timeout=10.0) as client:
+        base = args.port_base if args.port_base is not None else recorded_base(args.run_dir)
+    except ValueError as e:
+        _err(str(e))
+        return 2
+    try:
+        with TelemetryClient.connect(args.host, base, key=key, timeout=10.0) as client:
             if client.hello.rank != 0:
-                _err(f"{args.host}:{args.port_base} is rank {client.hello.rank}, not rank 0")
+                _err(f"{args.host}:{base} is rank {client.hello.rank}, not rank 0")
                 return 2
             reply = client.command(args.cmd, cmd_args, timeout=args.timeout)
     except TelemetryError as e:

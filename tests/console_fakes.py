@@ -173,3 +173,20 @@ class FakeFeed:
 
     def close(self) -> None:
         self.closed = True
+
+
+def write_finished_run(run_dir, world: int = 2, steps: int = 12) -> None:
+    """The telemetry logs of a run that reached its planned end: `steps` of `steps` updates."""
+    from telemetry.arrowlog import ArrowLog
+
+    for r in range(world):
+        log = ArrowLog(run_dir, r)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        started = {"world_size": world, "split": [2] * world, "updates": steps}
+        records: list = [Event("started", r, 0, "run started", started, time=T0)]
+        records += [update(r, step, world=world) for step in range(1, steps + 1)]
+        if r == 0:
+            done = {"path": f"ckpt-{steps:06d}", "verified": True}
+            records.append(Event("checkpoint", 0, steps, data=done, time=T0 + steps))
+        log.write(records)
+        log.close()

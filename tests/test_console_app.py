@@ -328,3 +328,127 @@ def test_feed_ready_coalesces():
     from console.messages import FeedReady
 
     assert FeedReady().can_replace(FeedReady())
+
+
+# --- issue 14: the event log, the cursor and the straggler, a replay's end ---------------------
+
+
+def log_rows(app) -> list[str]:
+    """The event log's rows on screen, as text."""
+    view = app.query_one(EventLog)
+    return [view.render_line(y).text for y in range(view.scrollable_content_region.height)]
+
+
+@aio
+async def test_log_groups_what_every_rank_says_alike(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        move = {"from": [3, 2, 2, 1], "to": [1, 3, 2, 2]}
+        feed.push(
+            [
+                (r, Event("rebalanced", r, 42, "split 3,2,2,1 -> 1,3,2,2", move, T0 + 60))
+                for r in range(4)
+            ]
+        )
+        await until(pilot, lambda: app.fleet.log_lines[-1].who == "all 4 ranks")
+        app._frame(force=True)
+        await pilot.pause(0.1)
+        rows = [row for row in log_rows(app) if "split 3,2,2,1" in row]
+        assert len(rows) == 1 and "all 4 ranks @42 split 3,2,2,1 -> 1,3,2,2" in rows[0]
+
+
+@aio
+async def test_log_stays_at_the_newest_line_through_a_resize_unless_scrolled_up(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+    async with app.run_test(size=(130, 36)) as pilot:
+        await started(pilot, feed)
+        for i in range(60):
+            app.fleet.log(f"line {i:02d}", "info")
+        app._frame(force=True)
+        await pilot.pause(0.2)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        view = app.query_one(EventLog)
+        assert view.follow and view.scroll_y == view.max_scroll_y
+        assert any("line 59" in row for row in log_rows(app))
+        view.scroll_to(y=0, animate=False)  # the operator reads back
+        await pilot.pause(0.2)
+        assert not view.follow
+        app.fleet.log("line 60", "info")
+        app._frame(force=True)
+        await pilot.pause(0.2)
+        assert view.scroll_y == 0 and not any("line 60" in row for row in log_rows(app))
+        view.scroll_end(animate=False)  # back at the end: follows again
+        await pilot.pause(0.2)
+        app.fleet.log("line 61", "info")
+        app._frame(force=True)
+        await pilot.pause(0.3)
+        assert view.follow and any("line 61" in row for row in log_rows(app))
+
+
+def _backgrounds(strip) -> set:
+    return {s.style.bgcolor for s in strip if s.style and s.style.bgcolor and s.text.strip()}
+
+
+@aio
+async def test_cursor_and_straggler_look_different(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)  # rank 3 is the straggler
+        table = app.query_one(RankTable)
+        table.focus()
+        table.cursor = 1
+        await pilot.pause(0.1)
+        cursor_row, straggler_row = table.render_line(2), table.render_line(4)
+        cursor_bg = _backgrounds(cursor_row)
+        assert len(cursor_bg) == 1  # one band across the whole row
+        badge = [seg for seg in straggler_row if seg.text.strip() == "3"][0]
+        assert badge.style.bgcolor.name == "red" and badge.style.color.name == "white"
+        assert badge.style.bgcolor not in cursor_bg  # not the cursor's colour
+        plain = _backgrounds(table.render_line(1))  # rank 0: neither cursor nor straggler
+        assert _backgrounds(straggler_row) - {badge.style.bgcolor} == plain  # no band off-cursor
+        assert cursor_bg != plain
+        (bg,) = cursor_bg
+        r, g, b = bg.get_truecolor()
+        assert b > r  # a blue band, not amber (which read as the straggler's warning)
+
+
+@aio
+async def test_replay_of_a_finished_run_shows_it_finished_with_its_end(tmp_path):
+    from console.replay import ReplayFeed
+    from tests.console_fakes import write_finished_run
+
+    write_finished_run(tmp_path, world=2, steps=12)
+    feed = ReplayFeed(tmp_path, speed=256.0)
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.fleet.ended())
+        app._frame(force=True)
+        await pilot.pause(0.1)
+        text = app.query_one(RunHeader).render().plain
+        assert "FINISHED" in text and "RUNNING" not in text and "live" not in text
+        assert "finished at update 12/12" in text
+        row = app.query_one(RankTable).render_line(1).text
+        assert "■ ended" in row and "● live" not in row
+
+
+@aio
+async def test_nothing_listening_is_said_once_with_advice(feed):
+    app = FleetApp(feed, clock=lambda: T0 + 100, advice=lambda: "replay it with: X")
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(3):  # the links retry: connecting, refused, ...
+            for r in range(4):
+                feed.link(r, LinkPhase.CONNECTING, f"127.0.0.1:{47800 + r}")
+                feed.link(r, LinkPhase.REFUSED, "nothing listening", "nothing listening", T0 + 101)
+            await pilot.pause(0.1)
+        await until(pilot, lambda: "no run serves there" in log_text(app))
+        app._frame(force=True)
+        await pilot.pause(0.1)
+        assert log_text(app).count("no run serves there") == 1
+        assert log_text(app).count("refused") == 4  # once per rank, not once per retry
+        header = app.query_one(RunHeader).render().plain
+        assert "NO RUN" in header and "CONNECTING" not in header
+        where = "ports 47800-47803 of studio, mini-1, mini-2, air"
+        assert f"nothing listening on {where}: no run serves there" in log_text(app)
+        assert "replay it with: X" in log_text(app)

@@ -94,3 +94,42 @@ def test_lost_and_refused_ranks(snap_compare):
         await settle(app)(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_grouped_log_after_a_command(snap_compare):
+    """Issue 14: one line for what every rank said alike, the cursor a blue band apart from the
+    straggler's red badge."""
+    from telemetry.records import Event
+
+    app, feed, fill = fleet_app()
+
+    async def run_before(pilot):
+        await fill(pilot)
+        feed.push(
+            [
+                (r, Event("paused", r, 21, "paused at update 21", time=T0 + 30 + r * 0.01))
+                for r in range(4)
+            ]
+        )
+        while app.fleet.log_lines[-1].who != "all 4 ranks":
+            await pilot.pause(0.02)
+        await pilot.press("down")  # the cursor on rank 1, the straggler is rank 3
+        await settle(app)(pilot)
+
+    assert snap_compare(app, terminal_size=(100, 28), run_before=run_before)
+
+
+def test_replay_of_a_finished_run(snap_compare, tmp_path):
+    """Issue 14: a replay that is over says FINISHED and when, not RUNNING and live."""
+    from console.replay import ReplayFeed
+    from tests.console_fakes import write_finished_run
+
+    write_finished_run(tmp_path, world=4, steps=20)
+    app = FleetApp(ReplayFeed(tmp_path, speed=256.0), clock=lambda: T0 + 100)
+
+    async def run_before(pilot):
+        while not app.fleet.ended():
+            await pilot.pause(0.02)
+        await settle(app)(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

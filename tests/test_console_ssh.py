@@ -259,3 +259,19 @@ def test_sftp_failures_name_host_and_path(tmp_path, sshd):
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     finally:
         pool.close()
+
+
+def test_once_over_ssh_finds_the_ports_the_run_recorded(tmp_path, sshd, ranks, home):
+    """No --port-base: the base comes from RUN/telemetry/ports.json on rank 0's host."""
+    from telemetry import ports
+
+    where = ports.record(ranks.run_dir, ports.RecordedPorts(ranks.port_base, len(HOSTS)))
+    try:
+        out = once(home, hostfile(tmp_path), sshd, ranks, sshd.known_hosts)
+        cmd = [a for a in out.args if a not in ("--port-base", str(ranks.port_base))]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=home, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, out.stderr
+        snap = json.loads(out.stdout)
+        assert [r["port"] for r in snap["ranks"]] == [ranks.port_base + r for r in range(3)]
+    finally:
+        where.unlink()

@@ -686,3 +686,163 @@ def test_ssh_config_is_honoured(tmp_path):
     assert _parse_hop("ssh://u@[::1]:22") == ("u", "::1", 22)
     with pytest.raises(SSHConfigError, match="does not exist"):
         SSHOptions(config_path=tmp_path / "missing").ssh_config()
+
+
+# --- issue 14: the event log groups what every rank says alike -----------------------------------
+
+
+def test_log_groups_what_every_rank_says_alike_and_keeps_what_differs():
+    fleet = fed_fleet()
+    before, version = len(fleet.log_lines), fleet.log_version
+    for r in range(4):
+        move = {"from": [3, 2, 2, 1], "to": [1, 3, 2, 2]}
+        text = "split [3, 2, 2, 1] -> [1, 3, 2, 2]"
+        fleet.apply(r, Event("rebalanced", r, 42, text, move, time=T0 + 50 + r * 0.01))
+    assert len(fleet.log_lines) == before + 1
+    line = fleet.log_lines[-1]
+    assert line.ranks == (0, 1, 2, 3) and line.who == "all 4 ranks" and line.step == 42
+    assert line.rev == 3 and fleet.log_version == version + 4
+    from console.widgets.event_log import format_line
+
+    assert format_line(line).plain.endswith("all 4 ranks @42 split [3, 2, 2, 1] -> [1, 3, 2, 2]")
+    # Three ranks agree, one differs: one line for the three, one of its own.
+    for r in range(4):
+        val = 3.5 if r < 3 else 3.7
+        fleet.apply(r, Event("eval", r, 50, f"val loss {val}", {"val_loss": val}, T0 + 60))
+    assert [ln.who for ln in list(fleet.log_lines)[-2:]] == ["r0,1,2", "r3"]
+    # The same event again (a reconnect's history) joins nothing and adds nothing.
+    fleet.apply(1, Event("eval", 1, 50, "val loss 3.5", {"val_loss": 3.5}, T0 + 60))
+    assert list(fleet.log_lines)[-2].ranks == (0, 1, 2)
+    snap = snapshot(fleet)
+    assert snap["events"][-2]["ranks"] == [0, 1, 2]
+
+
+def test_log_says_a_retrying_links_refusal_once():
+    fleet = Fleet(local_targets(3))
+    for _ in range(5):  # connecting, refused, connecting, refused, ...
+        for r in range(3):
+            fleet.set_link(LinkStatus(r, LinkPhase.CONNECTING, f"127.0.0.1:{47800 + r}"))
+            fleet.set_link(
+                LinkStatus(
+                    r,
+                    LinkPhase.REFUSED,
+                    f"nothing listening on 127.0.0.1:{47800 + r}",
+                    "nothing listening",
+                    retry_at=T0 + 1,
+                )
+            )
+    assert len(fleet.log_lines) == 3
+    assert fleet.nobody() and header(fleet).status == "no run"
+    fleet.set_link(LinkStatus(0, LinkPhase.CONNECTING, "127.0.0.1:47800"))
+    assert fleet.nobody()  # retrying is not an answer
+    fleet.set_link(LinkStatus(0, LinkPhase.LIVE, "127.0.0.1:47800"))
+    assert not fleet.nobody()
+
+
+# --- issue 14: --once takes each rank's newest update ------------------------------------------
+
+
+class HistoryFeed:
+    """Ranks whose history (oldest first) arrives in slow chunks, as over a busy link."""
+
+    def __init__(self, world: int, newest: int, backlog: int) -> None:
+        self.targets = local_targets(world)
+        self.newest, self.backlog = newest, backlog
+        self.sink = None
+        self._threads: list[threading.Thread] = []
+
+    def attach(self, sink) -> None:
+        self.sink = sink
+
+    def _rank(self, r: int) -> None:
+        self.sink.link_status(LinkStatus(r, LinkPhase.LIVE, "fake"))
+        h = hello(r, world=len(self.targets))
+        h.backlog = self.backlog
+        self.sink.link_message(r, h)
+        for step in range(self.newest - self.backlog + 1, self.newest + 1):
+            self.sink.link_message(r, update(r, step))
+            if step % 10 == 0:
+                time.sleep(0.15)  # the rest of the history is still on its way
+
+    def start_threads(self) -> None:
+        for r in range(len(self.targets)):
+            t = threading.Thread(target=self._rank, args=(r,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(5)
+
+
+def test_once_waits_for_each_ranks_whole_history_and_says_how_old_its_newest_is():
+    from console import once
+
+    fleet = once.reach(HistoryFeed(4, newest=210, backlog=60), timeout=20, clock=lambda: T0 + 9e9)
+    assert [v.last.step for v in fleet.ranks] == [210] * 4
+    snap = snapshot(fleet, now=update(0, 210).time + 2.5)
+    assert snap["step"] == 210 and [r["update_age_s"] for r in snap["ranks"]] == [2.5] * 4
+
+
+def test_once_with_nothing_listening_is_one_line_with_advice():
+    from console import once
+
+    fleet = Fleet(local_targets(3, port_base=5000))
+    for r in range(3):
+        why = f"nothing listening on 127.0.0.1:{5000 + r}"
+        fleet.set_link(LinkStatus(r, LinkPhase.REFUSED, why, "nothing listening", T0 + 1))
+    lines = once.unreachable(fleet, "replay it with: fleet console --replay R")
+    assert lines == [
+        "nothing listening on 127.0.0.1:5000-5002: no run serves there; "
+        "replay it with: fleet console --replay R"
+    ]
+
+
+# --- issue 14: a replay that is over shows how the run ended ------------------------------------
+
+
+def test_replay_end_is_finished_stopped_failed_or_ended(tmp_path):
+    from bench.synthetic import write_run
+    from console.cli import nobody_advice, replayed, run_end
+    from console.replay import ReplayFeed
+    from console.snapshot import ending
+
+    write_run(tmp_path, world_size=2, steps=12, slow_rank=1, eval_every=0, rebalance_at=None)
+    fleet = replayed(ReplayFeed(tmp_path))
+    assert fleet.ended() and all(v.phase is LinkPhase.ENDED for v in fleet.ranks)
+    h = header(fleet)
+    assert h.status == "ended" and h.ended.startswith("ended at update 12, ")
+    fleet.total_updates = 12
+    assert ending(fleet).how == "finished" and header(fleet).status == "finished"
+    assert header(fleet).ended.startswith("finished at update 12/12, ")
+    fleet.stopped = True
+    assert ending(fleet).how == "stopped"
+    fleet.failed = "loss is nan"
+    assert ending(fleet).how == "failed"
+    assert run_end(str(tmp_path)).step == 12
+    advice = nobody_advice(str(tmp_path))
+    assert f"console --replay {tmp_path}" in advice and "train --resume latest" in advice
+    assert "no telemetry logs" in nobody_advice(str(tmp_path / "nope"))
+
+
+# --- issue 14: hints print `fleet` as it can be typed ------------------------------------------
+
+
+def test_fleet_command_is_what_can_be_typed(tmp_path, monkeypatch):
+    from console.command import fleet_command, typed
+
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("")
+    script = venv / "fleet"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert fleet_command(str(venv / "python"), cwd=str(tmp_path)) == [".venv/bin/fleet"]
+    elsewhere = tmp_path / "elsewhere"
+    assert fleet_command(str(venv / "python"), cwd=str(elsewhere)) == [str(script)]
+    monkeypatch.setenv("PATH", f"{venv}:/usr/bin")
+    assert fleet_command(str(venv / "python"), cwd=str(tmp_path)) == ["fleet"]
+    bare = tmp_path / "bare" / "python"
+    assert fleet_command(str(bare)) == [str(bare), "-m", "fleet.cli"]
+    assert typed(["console", "--replay", "r s"], str(bare)).endswith("console --replay 'r s'")

@@ -529,7 +529,113 @@ def test_cli_tail(make_hub, capsys):
     assert [m["type"] for m in lines] == ["hello", "update", "update", "update"]
     assert fleet_main(["telemetry", "tail", target, "--count", "2"]) == 0
     human = capsys.readouterr().out.splitlines()
-    assert human[0].startswith("hello: rank 0/2") and human[1].startswith("step 1 r0 loss")
+    # The newest 2 of the 3 in history (issue 14: it printed the oldest).
+    assert human[0].startswith("hello: rank 0/2") and human[1].startswith("step 2 r0 loss")
+
+
+def test_cli_tail_count_prints_the_newest_of_the_history(make_hub, capsys):
+    hub = make_hub()
+    for step in range(1, 11):
+        hub.on_update(synthetic.update(step))
+    read_until(connect(hub), last_step(10))
+    target = f"127.0.0.1:{hub.address[1]}"
+    assert fleet_main(["telemetry", "tail", target, "--count", "3", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["step"] for m in lines if m["type"] == "update"] == [8, 9, 10]
+
+
+def test_cli_tail_count_waits_for_live_updates_past_a_short_history(make_hub, capsys):
+    hub = make_hub()
+    hub.on_update(synthetic.update(1))
+    read_until(connect(hub), last_step(1))
+    target = f"127.0.0.1:{hub.address[1]}"
+
+    def later():
+        time.sleep(0.5)
+        hub.on_update(synthetic.update(2))
+
+    threading.Thread(target=later, daemon=True).start()
+    assert fleet_main(["telemetry", "tail", target, "--count", "2", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["step"] for m in lines if m["type"] == "update"] == [1, 2]
+
+
+# --- ports: a free base when the default is taken, recorded for the readers --------------------
+
+
+def test_ports_agree_on_a_base_free_on_every_rank():
+    """Four ranks (threads) with a summing barrier, as the cluster's all-reduce would be."""
+    from telemetry import ports
+
+    world, start = 4, 47800
+    taken = {start + 2, start + 100 + 3}  # rank 2's port of the first, rank 3's of the second
+    barrier = threading.Barrier(world)
+    box: list[float] = []
+    lock = threading.Lock()
+
+    def all_sum(values):
+        with lock:
+            box.append(values[0])
+        barrier.wait()
+        total = sum(box)
+        barrier.wait()
+        with lock:
+            box.clear()
+        barrier.wait()
+        return [total]
+
+    chosen = [None] * world
+
+    def rank(r):
+        chosen[r] = ports.agree_base(
+            start, world, r, all_sum, free=lambda port, bind: port not in taken
+        )
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert chosen == [start + 200] * world
+    assert list(ports.candidates(start, 250))[:2] == [start, start + 300]  # ranges never overlap
+    assert all(b < 49152 for b in ports.candidates(start, 64))  # below macOS's ephemeral range
+
+
+def test_ports_record_round_trip_and_errors(tmp_path):
+    from telemetry import arrowlog, ports
+
+    assert ports.ports_path(tmp_path).parent == arrowlog.log_dir(tmp_path)
+    assert ports.read(tmp_path) is None
+    ports.record(tmp_path, ports.RecordedPorts(47900, 4, host="h", run_id="r-1"))
+    got = ports.read(tmp_path)
+    assert got == ports.RecordedPorts(47900, 4, "127.0.0.1", "h", "r-1") and got.port(3) == 47903
+    ports.ports_path(tmp_path).write_text('{"base": "x", "world_size": 2}')
+    with pytest.raises(ValueError, match="base must be a port number"):
+        ports.read(tmp_path)
+    ports.forget(tmp_path)
+    assert ports.read(tmp_path) is None
+    assert ports.keep(tmp_path, ports.RecordedPorts(48000, 2)) == ports.ports_path(tmp_path)
+    assert ports.read(tmp_path).base == 48000
+    assert ports.keep(tmp_path, None) is None and ports.read(tmp_path) is None  # socket off
+
+
+def test_cli_send_and_tail_find_the_recorded_port(control, tmp_path, capsys):
+    from telemetry import ports
+
+    hub, queue, _ = control
+    hub.on_update(synthetic.update(1))
+    ports.record(tmp_path, ports.RecordedPorts(hub.address[1], 1))
+    threading.Thread(
+        target=resolve_next, args=(queue, CommandResult(ok=True, step=1)), daemon=True
+    ).start()
+    assert fleet_main(["telemetry", "send", "--run-dir", str(tmp_path), "pause"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    tail = ["telemetry", "tail", "--run-dir", str(tmp_path), "--count", "1", "--json"]
+    assert fleet_main(tail) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["type"] == "hello" and lines[1]["step"] == 1
+    assert fleet_main(["telemetry", "tail"]) == 1
+    assert "--run-dir" in capsys.readouterr().err
 
 
 def test_cli_tail_unreachable(capsys):

@@ -65,6 +65,7 @@ class Autopilot:
     cooldown: int = 20
     headroom: float = 0.15
     pause_on_pressure: bool = False
+
     def __post_init__(self) -> None:
         # The last `window` updates of each rank since the last change: costs per sample are
         # read as medians, so a change of split needs no history, and a slowdown that moves

@@ -115,6 +115,10 @@ def train(args: argparse.Namespace) -> int:
                     "drop --seed to resume, or start a new --run-dir"
                 )
         cfg = from_args(args, base)
+        if base is not None and cluster.is_root:
+            note = schedule_note(base, cfg, given, resume_path)
+            if note:
+                print(f"{who}: note: {note}", flush=True)
         return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
     except (
         ConfigError,
@@ -272,3 +276,40 @@ def sample(model: Trained, args: argparse.Namespace) -> int:
     )
     write("\n")
     return 0
+
+
+SCHEDULE_KEYS = ("updates", "lr", "warmup", "decay", "min_lr_ratio")  # what shapes the rate
+
+
+def schedule_note(base: dict, cfg, given: dict, resume_path) -> str:
+    """One line when a resume's flags reshape the learning-rate schedule, else "".
+
+    `--resume latest --updates 40` on a run planned for 30 stretches the schedule: the rate
+    at the checkpoint jumps (2.05e-4 -> 4.90e-4 on the README's tour). Say so, with both.
+    """
+    from trainer import checkpoint
+    from trainer.config import TrainConfig
+    from trainer.optim import Schedule
+
+    changed = [k for k in SCHEDULE_KEYS if k in given and given[k] != base.get(k, given[k])]
+    if not changed:
+        return ""
+    old = TrainConfig(**base)
+    state = checkpoint.read_json(resume_path, checkpoint.STATE)
+    manifest = checkpoint.read_json(resume_path, checkpoint.MANIFEST)
+    step, tokens = int(state.get("step", 0)), int(state.get("tokens", 0))
+    try:  # the run's planned tokens per update, as the loop computes them
+        batch = manifest["global_batch"]
+        per_update = batch["microbatch"] * batch["accum"] * manifest["architecture"]["seq_len"]
+    except (KeyError, TypeError):
+        per_update = tokens // max(1, step)
+    was = Schedule.from_config(old, per_update)(tokens)
+    now = Schedule.from_config(cfg, per_update)(tokens)
+    flags = ", ".join(f"--{k.replace('_', '-')} {given[k]} (was {base.get(k)})" for k in changed)
+    if changed == ["updates"]:
+        how = f"the learning-rate schedule is stretched to {cfg.updates} updates"
+        if cfg.updates < old.updates:
+            how = f"the learning-rate schedule is shortened to {cfg.updates} updates"
+    else:
+        how = "the learning-rate schedule changes"
+    return f"{flags}: {how}; at update {step} the rate goes from {was:.2e} to {now:.2e}"

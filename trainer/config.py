@@ -152,7 +152,10 @@ class TrainConfig:
     )
     alert_every: float = _f(300.0, "seconds between two alerts of the same kind")
     telemetry_port_base: int = _f(
-        47800, "rank r serves telemetry on 127.0.0.1:(base + r) (0 = off)"
+        47800,
+        "rank r serves telemetry on 127.0.0.1:(base + r) (0 = off). Left out, the run moves "
+        "to the next free base when this one is taken; the base served is recorded in "
+        "RUN/telemetry/ports.json, where the console and `fleet telemetry` find it",
     )
     telemetry_bind: str = _f(
         "127.0.0.1", "address telemetry binds; anything but loopback needs --telemetry-remote"
@@ -326,25 +329,113 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+# `fleet train --help` in groups, in this order; every field is in exactly one (checked below).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "data and run folder": ("data", "run_dir", "synthetic", "seq_len", "seed", "device"),
+    "model": ("depth", "width", "heads", "vocab", "precision", "loss_chunk"),
+    "optimization": (
+        "local_batch",
+        "local_batches",
+        "accum",
+        "accum_mode",
+        "updates",
+        "stop_at",
+        "optimizer",
+        "lr",
+        "muon_lr",
+        "min_lr_ratio",
+        "warmup",
+        "decay",
+        "weight_decay",
+        "beta1",
+        "beta2",
+        "grad_clip",
+    ),
+    "memory": ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb"),
+    "evaluation and samples": (
+        "eval_every",
+        "eval_samples",
+        "sample_every",
+        "prompt",
+        "sample_tokens",
+        "early_stop_patience",
+        "early_stop_min_delta",
+    ),
+    "checkpoints": (
+        "checkpoint_every",
+        "keep_checkpoints",
+        "on_checkpoint_error",
+        "resume",
+        "resume_disagreeing",
+    ),
+    "distributed": ("collective_timeout", "allreduce_bucket_mb"),
+    "telemetry": (
+        "telemetry_port_base",
+        "telemetry_bind",
+        "telemetry_remote",
+        "telemetry_unix_socket",
+        "log_every",
+    ),
+    "autopilot and alerts": (
+        "autopilot",
+        "autopilot_min_gain",
+        "autopilot_window",
+        "autopilot_cooldown",
+        "on_memory_pressure",
+        "alert_command",
+        "alert_every",
+    ),
+    "demo aids": ("simulate_slowdown", "simulate_peak_gb"),
+}
+_grouped = [name for names in GROUPS.values() for name in names]
+assert sorted(_grouped) == sorted(FIELDS), "every TrainConfig field belongs to one help group"
+
+
+class DefaultsHelp(argparse.HelpFormatter):
+    """Help that shows every option's default, except where there is none to show (None,
+    off, empty) or its help already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is argparse.SUPPRESS
+            or default is None
+            or default is False
+            or default in ("", [])
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field; defaults are suppressed so explicit flags can be told apart."""
+    """One flag per field, in help groups; defaults are suppressed so explicit flags can be
+    told apart (the help shows each field's own default)."""
+    parser.formatter_class = DefaultsHelp
     parser.add_argument("--config", metavar="FILE", help="TOML (or JSON) file with the same keys")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_ = f"{f.metadata['help']} [default: {f.default!r}]"
-        if f.type == "bool" or isinstance(f.default, bool):
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_
-            )
-        else:
-            parser.add_argument(
-                flag,
-                type=type(f.default),
-                default=argparse.SUPPRESS,
-                choices=f.metadata.get("choices"),
-                help=help_,
-                metavar=f.name.upper(),
-            )
+    for title, names in GROUPS.items():
+        group = parser.add_argument_group(title)
+        for f in (FIELDS[name] for name in names):
+            flag = "--" + f.name.replace("_", "-")
+            help_ = f"{f.metadata['help']} [default: {f.default!r}]"
+            if f.type == "bool" or isinstance(f.default, bool):
+                group.add_argument(
+                    flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=help_,
+                )
+            else:
+                group.add_argument(
+                    flag,
+                    type=type(f.default),
+                    default=argparse.SUPPRESS,
+                    choices=f.metadata.get("choices"),
+                    help=help_,
+                    metavar=f.name.upper(),
+                )
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

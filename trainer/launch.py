@@ -39,6 +39,9 @@ class LaunchError(ValueError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainer.config import DefaultsHelp
+
+    parser.formatter_class = DefaultsHelp  # every default in --help
     parser.description = (
         "Start a data-parallel run with mlx.launch: -n ranks on this machine, or one rank per "
         "entry of an mlx.launch hostfile. Everything after `--` is the rank's command, "

@@ -90,6 +90,9 @@ class PrepareResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `fleet prepare`."""
+    from trainer.config import DefaultsHelp
+
+    parser.formatter_class = DefaultsHelp  # every default in --help
     parser.add_argument(
         "--source",
         metavar="PATH",

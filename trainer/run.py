@@ -381,7 +381,7 @@ def open_run(
         data=data,
         identity=identity,
         banner=banner(cfg, model, data, world, split, notes),
-        reporter=open_telemetry(cfg, cluster, commands, split, say),
+        reporter=open_telemetry(cfg, cluster, commands, split, say, explicit),
         commands=commands,
         saved_at=state["step"] if resume is not None else None,
     )
@@ -506,8 +506,16 @@ def open_telemetry(
     commands: CommandQueue,
     split: list[int],
     say: Callable[[str], None],
+    explicit: frozenset[str] = frozenset(),
 ) -> Reporter:
-    """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands."""
+    """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands.
+
+    With the default port base (not given), every rank moves to the first base whose ports
+    are free on all of them, and rank 0 records it in RUN/telemetry/ports.json for the
+    console and `fleet telemetry`. An explicit --telemetry-port-base is used as given.
+    """
+    from telemetry import ports
+
     rank, run_dir = cluster.rank, Path(cfg.run_dir)
     hello = Hello(
         protocol=PROTOCOL_VERSION,
@@ -521,7 +529,14 @@ def open_telemetry(
         local_batch=split[rank],
         config_digest=cfg.digest(),
     )
-    port = cfg.telemetry_port_base + rank if cfg.telemetry_port_base else None
+    base = cfg.telemetry_port_base
+    if base == ports.DEFAULT_PORT_BASE and "telemetry_port_base" not in explicit:
+        # Every rank takes part (a collective per candidate); none free: bind fails as before.
+        base = (
+            ports.agree_base(base, cluster.size, rank, cluster.all_sum_floats, cfg.telemetry_bind)
+            or base
+        )
+    port = base + rank if base else None
     hub = Hub(
         bind=cfg.telemetry_bind,
         allow_remote=cfg.telemetry_remote,
@@ -533,9 +548,19 @@ def open_telemetry(
         key=auth.ensure_key(run_dir) if cluster.is_root else None,  # kept across resumes
     )
     hub.start()
-    if port and cluster.is_root:
-        say(
-            f"  telemetry: ranks on {cfg.telemetry_bind}:{cfg.telemetry_port_base}+rank; "
-            f"control key {run_dir / 'control.key'}"
+    if cluster.is_root:
+        served = ports.RecordedPorts(
+            base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
         )
+        where = ports.keep(run_dir, served if port else None)
+        if where is not None:
+            moved = (
+                f" (the default {cfg.telemetry_port_base} is taken)"
+                if base != cfg.telemetry_port_base
+                else ""
+            )
+            say(
+                f"  telemetry: ranks on {cfg.telemetry_bind}:{base}+rank{moved}, recorded in "
+                f"{where}; control key {run_dir / 'control.key'}"
+            )
     return hub

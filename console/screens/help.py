@@ -20,7 +20,9 @@ HELP = """\
   [green]█[/green] compute  [yellow]░[/yellow] waiting for the slowest rank  \
 [blue]▒[/blue] all-reduce + optimizer
   Bars share one scale: a short bar is a rank that finished early.
-  [bold red]»[/bold red] the straggler, the rank everyone waits for: press r to rebalance.
+  [bold red]»[/bold red][bold white on red]3[/bold white on red] the straggler, the rank \
+everyone waits for: press r to rebalance.
+  [on #0b4f80] blue band [/] the rank ↑ ↓ chose (the cursor), whatever its state.
   memory: █ active  ▓ peak above active  ░ allocator cache  · free
   [bold red]![/bold red] after memory: swap in use, or the OS reports memory pressure.
 
@@ -31,6 +33,11 @@ HELP = """\
   [bold red]✗ reason[/bold red]   refused: auth failed, host key unknown or changed,
              nothing listening (retried), wrong rank on that port;
              a refusal that retrying cannot help waits for [b]l[/b]
+  ■ ended    a replay played its last record: the header says how the run ended
+
+[b]Events[/b]
+  What every rank says alike is one line ("all 4 ranks @42 paused ..."); the log stays
+  at the newest line unless you scroll up (scroll to the end to follow again).
 """
 
 REPLAY = """

@@ -85,8 +85,11 @@ def row_text(
     """One rank's line."""
     u = view.last
     t = Text(no_wrap=True, overflow="ellipsis")
+    # The straggler is red on its own cells (a marker and a badge on its rank); the cursor is a
+    # blue band across the whole row: the two never look alike.
     t.append("»" if straggler else " ", "bold red")
-    t.append(f"{view.rank:>3} ", "bold red" if straggler else "bold")
+    t.append(f"{view.rank:>3}", "bold white on red" if straggler else "bold")
+    t.append(" ")
     host = view.host if len(view.host) <= cols.host else view.host[: cols.host - 1] + "…"
     t.append(f"{host:<{cols.host}} ")
     b = view.local_batch
@@ -135,7 +138,7 @@ class RankTable(ScrollView, can_focus=True):
         text-style: bold;
     }
     RankTable > .rank-table--cursor {
-        background: $accent 40%;
+        background: $primary 45%;
     }
     """
 

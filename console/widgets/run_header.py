@@ -15,6 +15,11 @@ STATUS_STYLE = {
     "stopped": ("■ STOPPED", "bold white on red"),
     "connecting": ("◌ CONNECTING", "bold black on white"),
     "no link": ("✗ NO LINK", "bold white on red"),
+    "no run": ("✗ NO RUN", "bold white on red"),
+    # A replay that is over: how the run ended, never "running"
+    "finished": ("■ FINISHED", "bold black on green"),
+    "ended": ("■ ENDED", "bold black on yellow"),
+    "failed": ("✗ FAILED", "bold white on red"),
 }
 
 
@@ -26,6 +31,8 @@ class RunHeader(Widget):
         height: 2;
         padding: 0 1;
         background: $panel;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
@@ -43,8 +50,11 @@ class RunHeader(Widget):
             top.append(" ")
             top.append(f" {badge} ", "bold black on cyan")
         # Most telling first: what is cut at 80 columns is what matters least.
-        live_style = "bold green" if h.live == h.world and h.world else "bold red"
-        top.append(f"  {h.live}/{h.world} live", live_style)
+        if h.ended:  # a replay that is over: nothing is live, and nothing is wrong
+            top.append(f"  {h.world} ranks", "bold")
+        else:
+            live_style = "bold green" if h.live == h.world and h.world else "bold red"
+            top.append(f"  {h.live}/{h.world} live", live_style)
         total = f"/{h.total_updates:,}" if h.total_updates else ""
         top.append("  step ")
         top.append(f"{h.step:,}{total}", "bold")
@@ -54,6 +64,9 @@ class RunHeader(Widget):
         top.append(f"  {run_id or '—'}", "bright_black")
 
         low = Text()
+        if h.ended:  # first: how the run ended is what a finished replay is about
+            low.append(h.ended, "bold")
+            low.append("  ")
         low.append(fmt.count(h.tokens_per_s), "bold")
         low.append(" tok/s  update ")
         low.append(fmt.secs(h.update_s), "bold")
@@ -62,8 +75,9 @@ class RunHeader(Widget):
         if h.val_loss is not None:
             low.append("  val ")
             low.append(f"{h.val_loss:.4f}", "bold magenta")
-        low.append("  ETA ")
-        low.append(fmt.duration(h.eta_s), "bold")
+        if not h.ended:
+            low.append("  ETA ")
+            low.append(fmt.duration(h.eta_s), "bold")
         if h.straggler is not None:
             low.append("  straggler ")
             low.append(f"» rank {h.straggler}", "bold red")

@@ -84,7 +84,8 @@ class Listener:
             if e.errno == errno.EADDRINUSE:
                 raise TelemetryError(
                     f"rank {self.rank}: telemetry port {port} on {host} is taken (another run "
-                    "on this machine? pick another --port-base, or 0 to turn the socket off)"
+                    "on this machine? leave out fleet train --telemetry-port-base to get a "
+                    "free base, or give another; 0 turns the socket off)"
                 ) from None
             raise TelemetryError(
                 f"rank {self.rank}: cannot serve telemetry on {host}:{port}: {e.strerror}"
