@@ -18,8 +18,20 @@ from telemetry.split import parse as parse_split
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     """Add the options of `fleet telemetry` or `fleet report` to `parser`."""
     if name == "report":
-        parser.add_argument("run_dir", metavar="RUN", help="the run folder")
+        parser.add_argument(
+            "run_dirs",
+            metavar="RUN",
+            nargs="+",
+            help="a run folder; several put the runs side by side with their val-loss curves",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        parser.add_argument(
+            "--plot",
+            metavar="FILE",
+            default="",
+            help="with several runs, also draw their val-loss curves into FILE (.png or .svg; "
+            "needs matplotlib: the `plot` extra)",
+        )
         return
     sub = parser.add_subparsers(dest="action", required=True, metavar="{tail,send}")
     tail = sub.add_parser("tail", help="print a rank's messages as they come")
@@ -97,17 +109,24 @@ def _err(message: str) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from telemetry import compare
     from telemetry.report import render, summarize
 
+    several = len(args.run_dirs) > 1
     try:
-        summary = summarize(args.run_dir)
+        summary = compare.compare(args.run_dirs) if several else summarize(args.run_dirs[0])
+        if args.plot:
+            curves = summary["curves"] if several else compare.compare(args.run_dirs)["curves"]
+            compare.plot(curves, args.plot)
     except TelemetryError as e:
         _err(str(e))
         return 1
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        render(summary)
+        (compare.render if several else render)(summary)
+    if args.plot:
+        print(f"val-loss curves drawn in {args.plot}")
     return 0
 
 
@@ -232,6 +251,10 @@ def parse_args(cmd: str, text: str | None) -> dict[str, Any]:
         return value
     if cmd == "rebalance":
         return {"split": parse_split(text)}  # SplitError is a ValueError
+    if cmd == "autopilot":
+        if text.strip().lower() not in ("on", "off"):
+            raise ValueError(f"autopilot takes on or off (got {text!r})")
+        return {"on": text.strip().lower() == "on"}
     raise ValueError(f"{cmd} takes no arguments (got {text!r})")
 
 

@@ -73,6 +73,10 @@ def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
         moved = ctl.command("rebalance", {"split": [2, 2, 2]})
         assert moved.ok and moved.result["split"] == [2, 2, 2]
         assert ctl.command("resume").ok
+        assert not ctl.command("autopilot", {"on": "yes"}).ok  # refused before the trainer
+        piloted = ctl.command("autopilot", {"on": True}, timeout=60)
+        assert piloted.ok and piloted.result["on"] is True
+        assert ctl.command("autopilot", {"on": False}, timeout=60).ok
 
         other = _connect(port_base + 1, key)  # control goes to rank 0 only
         refused = other.command("checkpoint")
@@ -94,7 +98,7 @@ def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
         kinds = {e.kind: e for e in read_events(run, rank)}
         assert kinds["rebalanced"].step == moved.result["step"]
         assert kinds["rebalanced"].data == {"from": [3, 2, 1], "to": [2, 2, 2]}
-        assert {"paused", "resumed", "stopped"} <= kinds.keys()
+        assert {"paused", "resumed", "stopped", "autopilot"} <= kinds.keys()
         table = read_updates(run, rank).to_pydict()
         after = [
             b
