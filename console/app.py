@@ -56,6 +56,7 @@ class FleetApp(App[int]):
         Binding("plus,equals_sign", "replay_faster", "Faster", show=False),
         Binding("minus", "replay_slower", "Slower", show=False),
         Binding("l", "reconnect", "Reconnect", show=False),
+        Binding("a", "autopilot", "Autopilot", show=False),
         Binding("q", "quit_console", "Quit"),
         Binding("question_mark", "help", "Help"),
     ]
@@ -231,6 +232,20 @@ class FleetApp(App[int]):
 
     def action_stop(self) -> None:
         self._confirm_then_send("stop")
+
+    def action_autopilot(self) -> None:
+        if self._refuse("autopilot"):
+            return
+        on = not self.fleet.autopilot
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send_command("autopilot", {"on": on})
+            else:
+                self.fleet.log("autopilot: cancelled", "info")
+                self._dirty = True
+
+        self.push_screen(ConfirmScreen.before("autopilot on" if on else "autopilot off"), answered)
 
     def action_rebalance(self) -> None:
         if self._refuse("rebalance"):

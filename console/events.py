@@ -21,6 +21,9 @@ LEVEL = {
     "rebalanced": "good",
     "stopped": "warning",
     "error": "error",
+    "restarted": "warning",
+    "autopilot": "good",
+    "alert": "error",
 }
 
 
@@ -81,6 +84,11 @@ def _said(kind: str, data: dict[str, Any]) -> str:
         case "eval":
             v = data.get("val_loss")
             return f"eval: val loss {v:.4f}" if isinstance(v, int | float) else ""
+        case "restarted":
+            fleet = f"{_split(data.get('from'))} → {_split(data.get('to'))}"
+            return f"restart {data.get('attempt', '?')} after {data.get('reason', '?')}: {fleet}"
+        case "autopilot":
+            return "autopilot " + ("on" if data.get("on") else "off")
         case "sample":
             return "sample: " + str(data.get("text", "")).replace("\n", "⏎")[:200]
     return ""
@@ -121,6 +129,8 @@ def command_name(cmd: str, args: dict[str, Any]) -> str:
     """A command as the log names it: "pause", "rebalance to 3,2,2,1"."""
     if cmd == "rebalance":
         return f"rebalance to {_split(args.get('split'))}"
+    if cmd == "autopilot":
+        return "autopilot " + ("on" if args.get("on") else "off")
     return cmd
 
 

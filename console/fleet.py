@@ -104,6 +104,9 @@ class Fleet:
         self.paused = False
         self.stopped = False
         self.failed = ""  # the last error event's words: the run ended on it
+        self.best: tuple[int, float] | None = None  # (update, val loss) of the best checkpoint
+        self.autopilot: bool | None = None  # None until the run says
+        self.alert = ""  # the newest alert's words
         self.last_time: float | None = None  # the newest record's own time (the run's clock)
         self.total_updates: int | None = None
         self.pending: dict[int, SentCommand] = {}
@@ -282,6 +285,14 @@ class Fleet:
             self.failed = e.message or "error"
         elif e.kind == "eval" and isinstance(v := data.get("val_loss"), int | float):
             self.evals.add(e.step, float(v))
+            if isinstance(b := data.get("best_val_loss"), int | float):
+                self.best = (int(data.get("best_step", e.step)), float(b))
+        elif e.kind == "autopilot" and isinstance(data.get("on"), bool):
+            self.autopilot = data["on"]
+        elif e.kind == "alert":
+            self.alert = e.message
+        if e.kind == "started" and isinstance(data.get("autopilot"), bool):
+            self.autopilot = data["autopilot"]
         level, text = events.event_line(e)
         self.journal.alike(e.rank, e.step, e.kind, level, text, e.time, self.world_size)
         self.version += 1

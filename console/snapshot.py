@@ -41,6 +41,9 @@ class HeaderInfo:
     global_batch: int | None = None
     warning: str = ""
     ended: str = ""  # a replay that is over: "finished at update 30/30, 14:03:07"
+    best: tuple[int, float] | None = None  # (update, val loss) of the run's best checkpoint
+    autopilot: bool | None = None
+    alert: str = ""
 
 
 @dataclass(slots=True)
@@ -106,6 +109,9 @@ def header(fleet: Fleet) -> HeaderInfo:
         world=len(fleet.ranks),
         straggler=straggler(fleet),
         warning=fleet.warning,
+        best=fleet.best,
+        autopilot=fleet.autopilot,
+        alert=fleet.alert,
     )
     split = fleet.split()
     info.global_batch = sum(split) if split is not None else None
@@ -213,6 +219,9 @@ def snapshot(fleet: Fleet, now: float | None = None) -> dict[str, Any]:
         "update_s": h.update_s,
         "loss": h.loss,
         "val_loss": h.val_loss,
+        "best": {"step": h.best[0], "val_loss": h.best[1]} if h.best else None,
+        "autopilot": h.autopilot,
+        "alert": h.alert,
         "eta_s": h.eta_s,
         "live": h.live,
         "world": h.world,

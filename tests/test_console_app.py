@@ -452,3 +452,57 @@ async def test_nothing_listening_is_said_once_with_advice(feed):
         where = "ports 47800-47803 of studio, mini-1, mini-2, air"
         assert f"nothing listening on {where}: no run serves there" in log_text(app)
         assert "replay it with: X" in log_text(app)
+
+
+@aio
+async def test_the_header_shows_the_best_the_autopilot_and_alerts_and_a_toggles_it(feed):
+    app = FleetApp(feed)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await started(pilot, feed)
+        feed.push(
+            [
+                (
+                    0,
+                    Event(
+                        "eval",
+                        0,
+                        20,
+                        data={"val_loss": 2.5, "best_val_loss": 2.4, "best_step": 10},
+                        time=T0 + 50,
+                    ),
+                ),
+                (0, Event("autopilot", 0, 20, "autopilot on", {"on": True}, time=T0 + 51)),
+                (
+                    0,
+                    Event(
+                        "alert", 0, 20, "memory: rank 2 swaps", {"alert": "memory"}, time=T0 + 52
+                    ),
+                ),
+                (
+                    0,
+                    Event(
+                        "restarted",
+                        0,
+                        20,
+                        data={
+                            "attempt": 1,
+                            "reason": "rank 2 was killed",
+                            "from": [2, 2, 2],
+                            "to": [3, 3],
+                        },
+                        time=T0 + 53,
+                    ),
+                ),
+            ]
+        )
+        await until(pilot, lambda: "swaps" in app.query_one(RunHeader).render().plain)
+        header = app.query_one(RunHeader).render().plain
+        assert "best 2.4000 @10" in header and "autopilot" in header
+        assert "memory: rank 2 swaps" in header
+        await until(
+            pilot, lambda: "restart 1 after rank 2 was killed: 2,2,2 → 3,3" in log_text(app)
+        )
+        await pilot.press("a")
+        assert isinstance(app.screen, ConfirmScreen) and feed.sent == []
+        await pilot.press("y")
+        await until(pilot, lambda: feed.sent == [("autopilot", {"on": False})])

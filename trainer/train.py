@@ -79,6 +79,7 @@ def train(
         architecture=run.identity["architecture"],
         params=run.model.num_params(),
         precision=cfg.precision,
+        autopilot=cfg.autopilot,
     )
     if (note := restart_note()) and cluster.is_root:  # relaunched by fleet launch --restarts
         run.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)

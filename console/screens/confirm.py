@@ -19,6 +19,12 @@ QUESTIONS = {
         "Every rank stops at the next update boundary and waits (press p again to resume).",
     ),
     "resume": ("Resume the run?", "Training continues from where it paused."),
+    "autopilot on": (
+        "Turn the autopilot on?",
+        "Rank 0 rebalances by itself when a better split holds, and moves samples off a rank "
+        "under memory pressure. The global batch, and so the math, never changes.",
+    ),
+    "autopilot off": ("Turn the autopilot off?", "The split stays as it is until you change it."),
     "stop": (
         "Stop the run?",
         "The run checkpoints at the next update boundary, then every rank exits. "
@@ -72,7 +78,7 @@ class ConfirmScreen(ModalScreen[bool]):
     def before(cls, cmd: str) -> ConfirmScreen:
         """What is asked before `cmd` (a key of QUESTIONS) is sent."""
         title, body = QUESTIONS[cmd]
-        return cls(title, body, yes=cmd.capitalize())
+        return cls(title, body, yes=cmd.split()[-1].capitalize())
 
     def compose(self) -> ComposeResult:
         with Vertical():

@@ -13,6 +13,7 @@ HELP = """\
   [b]c[/b]  checkpoint now               [b]p[/b]  pause / resume the run
   [b]r[/b]  rebalance the batch split    [b]s[/b]  stop the run (checkpoint, then exit)
   [b]l[/b]  reconnect links now          [b]q[/b]  quit this console; the run goes on
+  [b]a[/b]  autopilot on / off: rebalance and guard memory by itself
   [b]↑ ↓[/b] choose a rank  [b]enter[/b] its timing and memory history  [b]esc[/b] close
   Keys that change the run ask first; the outcome appears in the event log.
 {replay}

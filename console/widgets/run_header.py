@@ -75,12 +75,18 @@ class RunHeader(Widget):
         if h.val_loss is not None:
             low.append("  val ")
             low.append(f"{h.val_loss:.4f}", "bold magenta")
+        if h.best is not None:
+            low.append(f"  best {h.best[1]:.4f} @{h.best[0]:,}", "magenta")
         if not h.ended:
             low.append("  ETA ")
             low.append(fmt.duration(h.eta_s), "bold")
         if h.straggler is not None:
             low.append("  straggler ")
             low.append(f"» rank {h.straggler}", "bold red")
+        if h.autopilot:
+            low.append("  autopilot", "bold cyan")
+        if h.alert:
+            low.append(f"  ⚠ {h.alert}", "bold red")
         if h.warning:
             low.append(f"  ⚠ {h.warning}", "yellow")
         out = Text("\n").join([top, low])
