@@ -281,7 +281,7 @@ def _train_tokenizer(
     c: PrepareConfig, sources: list[Source], folder: Path, bar: ProgressBar
 ) -> Tokenizer:
     """Train the BPE on every source into `folder`/tokenizer.json: one more read of the inputs."""
-    task = bar.add("training", total=sum(s.size for s in sources))
+    task = bar.add("BPE", total=sum(s.size for s in sources))
     path = folder / TOKENIZER_FILE
     train_bpe(texts(sources, c.text_field, lambda n: bar.advance(task, n)), c.train_tokenizer, path)
     return load_trained(path, c.out / TOKENIZER_FILE)
