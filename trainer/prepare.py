@@ -2,6 +2,11 @@
 
     fleet prepare --stdlib --out data/stdlib --seq-len 256
     fleet prepare --source corpus/ notes.jsonl --tokenizer tokenizer.json --out data/mine
+    fleet prepare --stdlib --train-tokenizer 4096 --out data/stdlib-bpe4k --seq-len 256
+
+With --train-tokenizer, a byte-level BPE is first trained on the same inputs (`bpe`; one more
+streaming read of them) and saved as tokenizer.json in the dataset folder; its identity, with
+its sha256, is the dataset's tokenizer identity, as for a tokenizer.json given with --tokenizer.
 
 Documents are tokenized, each followed by one EOS (no BOS: the EOS before a document marks
 its start, and saves a token per document), packed back to back, and cut into consecutive
@@ -16,8 +21,9 @@ is written into a temporary sibling folder that replaces --out only when complet
 never leaves a half dataset that looks whole. The same inputs give byte-identical output.
 
 This module is the command and the order of the steps; the steps are nouns beside it:
-`sources` (list and read the inputs), `packer` (token rows), `shard_writer` (Parquet shards)
-and `dataset_format` (dataset.json, shared with the reader, `trainer.data`).
+`sources` (list and read the inputs), `bpe` (the trained tokenizer), `packer` (token rows),
+`shard_writer` (Parquet shards) and `dataset_format` (dataset.json, shared with the reader,
+`trainer.data`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from telemetry.files import replace_dir
+from trainer.bpe import TOKENIZER_FILE, check_vocab, load_trained, train_bpe, trained_intact
+from trainer.bpe import training_params as bpe_params
 from trainer.dataset_format import (
     META_NAME,
     VERSION,
@@ -45,7 +53,7 @@ from trainer.dataset_format import (
 from trainer.packer import Packer
 from trainer.progress_bar import ProgressBar
 from trainer.shard_writer import ShardWriter
-from trainer.sources import PrepareError, Source, list_sources, pieces
+from trainer.sources import PrepareError, Source, list_sources, pieces, texts
 from trainer.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
 
 __all__ = [
@@ -69,6 +77,7 @@ class PrepareConfig:
     glob: str = "**/*.txt"
     text_field: str = "text"
     tokenizer: str = "byte"
+    train_tokenizer: int = 0  # vocabulary of a BPE to train on the sources (0 = off)
     seq_len: int = 1024
     val_fraction: float = 0.01
     rows_per_shard: int = 65536
@@ -113,6 +122,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", default="byte", help="'byte' (259 ids) or a tokenizer.json path"
     )
+    parser.add_argument(
+        "--train-tokenizer",
+        metavar="VOCAB",
+        type=int,
+        default=0,
+        help="train a byte-level BPE of VOCAB ids on the inputs and save it as tokenizer.json"
+        " in --out (0 = off: use --tokenizer)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="dataset folder to write")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per training sample")
     parser.add_argument(
@@ -143,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
         glob=args.glob,
         text_field=args.text_field,
         tokenizer=args.tokenizer,
+        train_tokenizer=args.train_tokenizer,
         seq_len=args.seq_len,
         val_fraction=args.val_fraction,
         rows_per_shard=args.rows_per_shard,
@@ -176,6 +194,11 @@ def summary(out: Path, result: PrepareResult) -> str:
         f" -> {counts['train_rows']:,} train + {counts['val_rows']:,} val rows of"
         f" {meta['seq_len']}+1 tokens in {shards} shards (digest {meta['digest'][:12]})"
     )
+    if meta["params"]["tokenizer"].get("kind") == "bpe":
+        text += (
+            f"\nfleet prepare: trained a byte-level BPE of {meta['tokenizer']['vocab_size']:,}"
+            f" ids: {out / TOKENIZER_FILE}"
+        )
     if counts["skipped_files"]:
         text += f"\nfleet prepare: skipped {counts['skipped_files']} unreadable or non-UTF-8 files"
     return text
@@ -187,8 +210,8 @@ def summary(out: Path, result: PrepareResult) -> str:
 def prepare(config: PrepareConfig, progress: bool = False) -> PrepareResult:
     """Make (or confirm) the dataset `config` describes; raises PrepareError on bad input."""
     _check_config(config)
-    tokenizer = load_tokenizer(config.tokenizer)
-    dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
+    trained = config.train_tokenizer != 0
+    tokenizer = None if trained else load_tokenizer(config.tokenizer)
     params = _params(config, tokenizer)
     out = config.out
     with ProgressBar(progress) as bar:
@@ -198,14 +221,16 @@ def prepare(config: PrepareConfig, progress: bool = False) -> PrepareResult:
         if not sources:
             raise PrepareError("no input files (nothing matched, or every file was skipped)")
         existing = existing_meta(out)
-        if _up_to_date(out, existing, config.force, params, sources, skipped):
+        if _up_to_date(out, existing, config.force, params, sources, skipped, trained):
             return PrepareResult(existing, up_to_date=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            meta = _build(config, tokenizer, dtype, params, sources, skipped, tmp, bar)
+            if trained:
+                tokenizer = _train_tokenizer(config, sources, tmp, bar)
+            meta = _build(config, tokenizer, params, sources, skipped, tmp, bar)
             replace_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -225,10 +250,18 @@ def _check_config(c: PrepareConfig) -> None:
             raise PrepareError(f"{name} must be at least {low}, got {value}")
     if not 0.0 <= c.val_fraction < 1.0:
         raise PrepareError(f"--val-fraction must be in [0, 1), got {c.val_fraction}")
+    if c.train_tokenizer != 0:
+        if c.tokenizer != "byte":
+            raise PrepareError(
+                f"--train-tokenizer makes the tokenizer, --tokenizer {c.tokenizer} names one:"
+                " give one of them"
+            )
+        check_vocab(c.train_tokenizer)
 
 
-def _params(c: PrepareConfig, tokenizer: Tokenizer) -> dict[str, Any]:
-    """Everything besides the sources that decides the output bytes."""
+def _params(c: PrepareConfig, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """Everything besides the sources that decides the output bytes (tokenizer None: the
+    one --train-tokenizer will train, described by how it is trained)."""
     return {
         "glob": c.glob,
         "max_files": c.max_files,
@@ -237,16 +270,29 @@ def _params(c: PrepareConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         "seq_len": c.seq_len,
         "stdlib": c.stdlib,
         "text_field": c.text_field,
-        "tokenizer": identity_digest_part(tokenizer.identity()),
+        "tokenizer": (
+            bpe_params(c.train_tokenizer)
+            if tokenizer is None
+            else identity_digest_part(tokenizer.identity())
+        ),
         "val_fraction": c.val_fraction,
         "version": VERSION,
     }
 
 
+def _train_tokenizer(
+    c: PrepareConfig, sources: list[Source], folder: Path, bar: ProgressBar
+) -> Tokenizer:
+    """Train the BPE on every source into `folder`/tokenizer.json: one more read of the inputs."""
+    task = bar.add("BPE", total=sum(s.size for s in sources))
+    path = folder / TOKENIZER_FILE
+    train_bpe(texts(sources, c.text_field, lambda n: bar.advance(task, n)), c.train_tokenizer, path)
+    return load_trained(path, c.out / TOKENIZER_FILE)
+
+
 def _build(
     c: PrepareConfig,
     tokenizer: Tokenizer,
-    dtype: type[np.unsignedinteger],
     params: dict[str, Any],
     sources: list[Source],
     skipped: int,
@@ -254,6 +300,7 @@ def _build(
     bar: ProgressBar,
 ) -> dict[str, Any]:
     """Tokenize every source into shards under `folder` and write its dataset.json."""
+    dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.uint32
     width = c.seq_len + 1
     train = ShardWriter(folder, "train", width, dtype, c.rows_per_shard, c.rows_per_group)
     val = ShardWriter(folder, "val", width, dtype, c.rows_per_shard, c.rows_per_group)
@@ -304,12 +351,13 @@ def _up_to_date(
     params: dict[str, Any],
     sources: list[Source],
     skipped: int,
+    trained: bool,
 ) -> bool:
     """Whether `out` already holds this very dataset; raises PrepareError if it holds
     something else that only --force may replace."""
     if existing is not None and not force:
         if _same_inputs(existing, params, sources, skipped):
-            if shards_intact(out, existing):
+            if shards_intact(out, existing) and (not trained or trained_intact(out, existing)):
                 return True
             raise PrepareError(f"{out} holds a damaged dataset; use --force to rebuild it")
         raise PrepareError(

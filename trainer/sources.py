@@ -239,3 +239,12 @@ def _parquet_pieces(src: Source, text_field: str, advance) -> Iterator[str | Non
                 yield None
         row += len(column)
     advance(src.size)
+
+
+def texts(sources: list[Source], text_field: str, advance: Callable[[int], None]) -> Iterator[str]:
+    """Every source's text, piece by piece and without the document ends: what a tokenizer
+    trains on. Streams like `pieces`, so memory holds one piece at a time."""
+    for src in sources:
+        for piece in pieces(src, text_field, advance):
+            if piece is not None:
+                yield piece
