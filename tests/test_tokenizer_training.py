@@ -177,3 +177,25 @@ def test_training_without_the_library_says_how_to_install(tmp_path, capsys, monk
     )  # fmt: skip
     assert code == 2 and "pip install 'mlx-fleet[tokenizers]'" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # no temporary left
+
+
+def test_a_moved_dataset_finds_its_trained_tokenizer(tmp_path):
+    import shutil
+
+    from trainer.data import Dataset
+    from trainer.prepare import PrepareConfig, prepare
+    from trainer.tokenizer import load_tokenizer
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "a.txt").write_text("def f(x):\n    return x + 1\n" * 50)
+    out = tmp_path / "data"
+    prepare(PrepareConfig(out=out, sources=[str(src)], seq_len=16, train_tokenizer=300))
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(out, moved)
+    shutil.rmtree(out)
+    ds = Dataset.open(moved)
+    assert ds.tokenizer["path"] == str(moved / "tokenizer.json")
+    assert (
+        load_tokenizer(ds.tokenizer).decode(load_tokenizer(ds.tokenizer).encode("def f")) == "def f"
+    )

@@ -56,7 +56,16 @@ class Dataset:
         self.digest: str = meta["digest"]
         self.val_digest: str = meta["val_digest"]
         self.seq_len: int = meta["seq_len"]
-        self.tokenizer: dict[str, Any] = meta["tokenizer"]
+        self.tokenizer: dict[str, Any] = dict(meta["tokenizer"])
+        beside = self.path / "tokenizer.json"
+        if (
+            self.tokenizer.get("sha256")
+            and beside.is_file()
+            and file_sha256(beside) == self.tokenizer["sha256"]
+        ):
+            # A tokenizer trained into the dataset travels with it: a moved or copied dataset
+            # (another host, another path) finds it here. Digests ignore the path.
+            self.tokenizer["path"] = str(beside)
         self.vocab_size: int = self.tokenizer["vocab_size"]
         self.pad_id: int = self.tokenizer["pad_id"]
         self.eos_id: int = self.tokenizer["eos_id"]
