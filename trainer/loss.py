@@ -56,9 +56,9 @@ def _chunk_pass(h, weight, targets, mask, rows: int, grads: bool):
     dh, dw = [], mx.zeros(weight.shape, dtype=mx.float32) if grads else None
     classes = mx.arange(weight.shape[0])
     for i in range(0, h.shape[0], rows):
-        # The dependency on the running results makes chunks run one after another, so the
-        # scheduler never holds two chunks' logits at once.
-        hc = mx.depends(h[i : i + rows], dw if grads else total)
+        # Depending on everything the previous chunk produced makes chunks run one after
+        # another, so the scheduler never holds two chunks' logits (or their gradient) at once.
+        hc = mx.depends(h[i : i + rows], [total, dw, dh[-1]] if dh else [total])
         s = mx.tanh((hc @ weight.T) / LOGIT_SOFTCAP)
         logits = (LOGIT_SOFTCAP * s).astype(mx.float32)
         t, m = targets[i : i + rows], mask[i : i + rows]
