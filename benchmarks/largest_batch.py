@@ -47,20 +47,16 @@ def search(limit_gb: float, start: int, top: int, flags: list[str]) -> dict:
     lo, hi = 0, top + 1  # the largest batch known to fit, the smallest known not to
     for batch, peak in cache.items():
         lo, hi = (max(lo, batch), hi) if peak <= limit else (lo, min(hi, batch))
-    step = 1
+    step, direction = 1, 0  # gallop away from the guess until the boundary is crossed
     while hi - lo > 1:
         n = min(max(n, lo + 1), hi - 1)
-        if peak_of(n, limit_gb, flags, cache) <= limit:
-            lo = n
+        fits = peak_of(n, limit_gb, flags, cache) <= limit
+        lo, hi = (n, hi) if fits else (lo, n)
+        toward = 1 if fits else -1
+        if direction is None or (direction and toward != direction):
+            direction, n = None, (lo + hi) // 2  # crossed: bisect what is left
         else:
-            hi = n
-        if hi > top:  # nothing seen to fail yet: gallop up
-            n = lo + step
-        elif lo == 0:  # nothing seen to fit yet: gallop down
-            n = hi - step
-        else:
-            n = (lo + hi) // 2
-        step *= 2
+            direction, n, step = toward, n + toward * step, 2 * step
     return {
         "memory_limit_gb": limit_gb,
         "flags": flags,
