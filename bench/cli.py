@@ -28,6 +28,7 @@ def _memory(sub: argparse._SubParsersAction) -> None:
     # Deep and narrow with long rows: activations (which grow with depth x batch x length)
     # dominate the weights and optimizer state, as in a long-context run on a small Mac.
     _model_args(mem, depth=8, width=128, heads=2, seq_len=256, local_batch=8, accum=4)
+    _device_args(mem)
     mem.add_argument("--updates", type=int, default=2, help="measured updates (after 1 warmup)")
     mem.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -41,6 +42,7 @@ def _throughput(sub: argparse._SubParsersAction) -> None:
         "optimizer, compiled step) on synthetic tokens.",
     )
     _model_args(thr, depth=4, width=256, heads=4, seq_len=256, local_batch=8, accum=1)
+    _device_args(thr)
     thr.add_argument("--updates", type=int, default=10, help="measured updates")
     thr.add_argument("--warmup", type=int, default=2, help="updates before measuring")
     thr.add_argument(
@@ -48,6 +50,12 @@ def _throughput(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.0,
         help="the device's dense bf16 peak for MFU (0 = known devices only)",
+    )
+    thr.add_argument(
+        "--breakdown",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure where the peak memory goes (a few probes before the timed updates)",
     )
     thr.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -173,6 +181,8 @@ def _worker(sub: argparse._SubParsersAction) -> None:
     _model_args(worker, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
     worker.add_argument("--updates", type=int, default=2)
     worker.add_argument("--warmup", type=int, default=1)
+    worker.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=False)
+    _device_args(worker)
 
 
 def _model_args(p: argparse.ArgumentParser, **d) -> None:
@@ -187,6 +197,27 @@ def _model_args(p: argparse.ArgumentParser, **d) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
     p.add_argument(
         "--loss-chunk", type=int, default=0, help="tokens per chunk of the loss head (0 = all)"
+    )
+    p.add_argument(
+        "--grad-checkpoint",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="recompute each block in the backward pass (fleet train --grad-checkpoint)",
+    )
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="MLX's CUDA graphs in the measuring process (fleet train --cuda-graphs)",
+    )
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=0.0,
+        help="MLX memory limit in GiB, and the bar `fits` is judged by (0 = none)",
     )
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
+from bench.breakdown import breakdown, table
 from bench.update import make_update
 
 GiB = 1024**3
@@ -29,6 +31,9 @@ MODEL_FLAGS = (
     "accum_mode",
     "precision",
     "loss_chunk",
+    "grad_checkpoint",
+    "cuda_graphs",
+    "memory_limit_gb",
 )
 
 
@@ -37,7 +42,11 @@ def _model_argv(args: argparse.Namespace, **override) -> list[str]:
     values.update(override)
     argv = []
     for k, v in values.items():
-        argv += ["--" + k.replace("_", "-"), str(v)]
+        flag = k.replace("_", "-")
+        if isinstance(v, bool):
+            argv.append(f"--{flag}" if v else f"--no-{flag}")
+        else:
+            argv += ["--" + flag, str(v)]
     return argv
 
 
@@ -53,13 +62,22 @@ def run_worker(argv: list[str]) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     """Build the model and optimizer, run warmup + measured updates, report the figures
     (in the worker process: `fleet bench _worker` prints them as JSON)."""
+    from trainer.cuda_graphs import VARIABLE
+    from trainer.cuda_graphs import apply as apply_cuda_graphs
+
+    graphs = apply_cuda_graphs(args.cuda_graphs)  # before MLX launches its first kernel
     import mlx.core as mx
     import numpy as np
 
-    from trainer.memory import device_name
+    from trainer.memory import apply_limits, device_name
 
+    limit = args.memory_limit_gb or None
+    apply_limits(None, limit, None)
     update, model = make_update(args)
-    for i in range(args.warmup):
+    memory = None
+    if args.breakdown:  # probes, then one update that counts as a warmup
+        memory = breakdown(update, args.precision, args.seq_len, args.loss_chunk)
+    for i in range(int(args.breakdown), args.warmup):
         update(i)
     times, micro, apply_, peaks = [], [], [], []
     for i in range(args.warmup, args.warmup + args.updates):
@@ -72,6 +90,7 @@ def measure(args: argparse.Namespace) -> dict:
         peaks.append(mx.get_peak_memory())
     tokens = args.local_batch * args.accum * args.seq_len
     median = float(np.median(times))
+    peak = int(max(peaks))
     return {
         "framework": "mlx",
         "device_name": device_name(),
@@ -80,15 +99,27 @@ def measure(args: argparse.Namespace) -> dict:
         "accum_mode": args.accum_mode,
         "precision": args.precision,
         "loss_chunk": args.loss_chunk,
+        "grad_checkpoint": args.grad_checkpoint,
+        "local_batch": args.local_batch,
+        "accum": args.accum,
+        "cuda_graphs": {"setting": args.cuda_graphs, "note": graphs, VARIABLE: _env(VARIABLE)},
         "params": model.num_params(),
         "tokens_per_update": tokens,
-        "peak_bytes": int(max(peaks)),
+        "peak_bytes": peak,
+        "memory_limit_bytes": int(limit * GiB) if limit else None,
+        "fits": peak <= limit * GiB if limit else None,
+        "update_s_all": [float(t) for t in times],
+        "memory": memory,
         "update_s": median,
         "tokens_per_s": tokens / median,
         "flops_per_token": model.flops_per_token(),
         "device": str(mx.default_device()),
         "mlx": mx.__version__,
     }
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name)
 
 
 # Dense bf16 peaks (datasheets) for MFU when --peak-tflops is not given.
@@ -145,7 +176,7 @@ def memory(args: argparse.Namespace) -> int:
 def throughput(args: argparse.Namespace) -> int:
     """Tokens/s, MFU, peak memory and update time of one configuration."""
     argv = _model_argv(args) + ["--updates", str(args.updates), "--warmup", str(args.warmup)]
-    r = run_worker(argv)
+    r = run_worker(argv + (["--breakdown"] if args.breakdown else []))
     tflops = args.peak_tflops or known_peak(r["device_name"])
     peak = tflops * 1e12 if tflops else None
     r["peak_flops"] = peak
@@ -159,4 +190,12 @@ def throughput(args: argparse.Namespace) -> int:
         f"peak {r['peak_bytes'] / GiB:.2f} GiB ({r['params'] / 1e6:.1f}M params, "
         f"{r['precision']}, {r['device']}){mfu}"
     )
+    if r["memory"]:
+        from rich.console import Console
+
+        title = (
+            f"where the peak goes: {r['precision']}, {args.local_batch}x{args.seq_len} tokens, "
+            f"accum {args.accum}" + (", grad checkpoint" if args.grad_checkpoint else "")
+        )
+        Console().print(table(r["memory"], title))
     return 0

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # mlx loads only when a benchmark builds a model
+    import mlx.core as mx
     from mlx.optimizers import Optimizer
 
     from trainer.model import GPT
@@ -22,6 +23,7 @@ def synthetic_stepper(
     seq_len: int,
     precision: str,
     loss_chunk: int = 0,
+    grad_checkpoint: bool = False,
 ) -> tuple[GPT, Optimizer, Stepper]:
     """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
     --synthetic` builds them (the benchmarks and profiles time these)."""
@@ -49,35 +51,47 @@ def synthetic_stepper(
         pad_id=-1,
         grad_clip=1.0,
         loss_chunk=loss_chunk,
+        grad_checkpoint=grad_checkpoint,
     )
     return model, optimizer, stepper
 
 
-def make_update(args: argparse.Namespace) -> tuple[Callable[[int], UpdateFigures], GPT]:
-    """The trainer's update on synthetic tokens: returns (update(i) -> its figures, model).
-    Model, precision, accumulation and optimizer as `fleet train`'s; the update itself is
-    `Stepper.update`, the one `train()` runs."""
-    import mlx.core as mx
+class SyntheticUpdate:
+    """The trainer's update on synthetic tokens: `update(i)` runs update `i` and returns its
+    figures. Model, precision, accumulation and optimizer as `fleet train`'s; the update itself
+    is `Stepper.update`, the one `train()` runs."""
 
-    from trainer.data import SyntheticStream
+    def __init__(self, args: argparse.Namespace) -> None:
+        from trainer.data import SyntheticStream
 
-    model, _, stepper = synthetic_stepper(
-        depth=args.depth,
-        width=args.width,
-        heads=args.heads,
-        vocab=args.vocab,
-        seq_len=args.seq_len,
-        precision=args.precision,
-        loss_chunk=args.loss_chunk,
-    )
-    stream = SyntheticStream(args.vocab, args.seq_len, 0)
-    B, accum = args.local_batch, args.accum
-    sequential = args.accum_mode == "sequential"
+        self.model, self.optimizer, self.stepper = synthetic_stepper(
+            depth=args.depth,
+            width=args.width,
+            heads=args.heads,
+            vocab=args.vocab,
+            seq_len=args.seq_len,
+            precision=args.precision,
+            loss_chunk=args.loss_chunk,
+            grad_checkpoint=getattr(args, "grad_checkpoint", False),
+        )
+        self.stream = SyntheticStream(args.vocab, args.seq_len, 0)
+        self.local_batch, self.accum = args.local_batch, args.accum
+        self.sequential = args.accum_mode == "sequential"
 
-    def update(i: int) -> UpdateFigures:
-        """Update `i`: its `accum` microbatches built on the host (about 10 us a row), then
-        the trainer's update on one rank."""
-        batches = [mx.array(stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
-        return stepper.update(batches, 1e-4, sequential=sequential)
+    def batches(self, i: int) -> list[mx.array]:
+        """Update `i`'s microbatches, built on the host (about 10 us a row)."""
+        import mlx.core as mx
 
-    return update, model
+        B, accum = self.local_batch, self.accum
+        return [mx.array(self.stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
+
+    def __call__(self, i: int, stage: Callable[[str], None] | None = None) -> UpdateFigures:
+        """Update `i`: its batches made, then the trainer's update on one rank."""
+        extra = {} if stage is None else {"stage": stage}
+        return self.stepper.update(self.batches(i), 1e-4, sequential=self.sequential, **extra)
+
+
+def make_update(args: argparse.Namespace) -> tuple[SyntheticUpdate, GPT]:
+    """The trainer's update on synthetic tokens: returns (update(i) -> its figures, model)."""
+    update = SyntheticUpdate(args)
+    return update, update.model

@@ -18,12 +18,11 @@ import statistics
 import time
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_map
 
 from bench.update import synthetic_stepper
 from trainer.data import SyntheticStream
-from trainer.step import zeros_f32
+from trainer.loss import head_loss
 
 
 def timed(fn, reps: int) -> float:
@@ -50,6 +49,8 @@ def main() -> None:
     ):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--precision", default="mixed", choices=("fp32", "bf16", "mixed"))
+    p.add_argument("--loss-chunk", type=int, default=0, help="as fleet train's (0 = whole)")
+    p.add_argument("--grad-checkpoint", action="store_true", help="as fleet train's")
     a = p.parse_args()
     model, opt, stepper = synthetic_stepper(
         depth=a.depth,
@@ -58,6 +59,8 @@ def main() -> None:
         vocab=a.vocab,
         seq_len=a.seq_len,
         precision=a.precision,
+        loss_chunk=a.loss_chunk,
+        grad_checkpoint=a.grad_checkpoint,
     )
     batch = mx.array(
         SyntheticStream(a.vocab, a.seq_len, 0).batch(0, a.local_batch, 0, a.local_batch)
@@ -72,11 +75,9 @@ def main() -> None:
         results[name] = {"ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
 
     n = model.num_params()
-    acc0 = zeros_f32(model.trainable_parameters())
-    zero = mx.array(0.0)
 
-    def micro():
-        out = stepper.microstep(acc0, zero, zero, batch)
+    def micro():  # as an update's first microstep: the gradients become the accumulators
+        out = stepper.microstep(None, None, None, batch)
         mx.eval(out)
 
     record("microstep", timed(micro, a.reps), model.flops_per_token() * tokens)
@@ -111,16 +112,14 @@ def main() -> None:
     record("attention", timed(fb(block.attn, block.attn), a.reps), attn_flops)
     record("mlp", timed(fb(block.mlp, block.mlp), a.reps), mlp_flops)
 
-    head = model.lm_head
-    head_w = {"weight": head.weight.astype(dt)}
-    targets = batch[:, 1:]
+    head_w = {"weight": model.lm_head.weight.astype(dt)}
+    targets = batch[:, 1:].reshape(-1)
+    mask = mx.ones(targets.shape, dtype=mx.float32)
 
-    def head_loss(w, x):
-        logits = x @ w["weight"].T
-        logits = 15.0 * mx.tanh(logits / 15.0)
-        return nn.losses.cross_entropy(logits.astype(mx.float32), targets, reduction="sum")
+    def head(w, x):  # the trainer's head (trainer/loss.py), whole or in --loss-chunk chunks
+        return head_loss(x.reshape(-1, C), w["weight"], targets, mask, a.loss_chunk)
 
-    g_head = mx.compile(mx.value_and_grad(head_loss))
+    g_head = mx.compile(mx.value_and_grad(head, argnums=(0, 1)))
     record("head+loss", timed(lambda: mx.eval(g_head(head_w, x)), a.reps), 6 * tokens * C * V)
 
     grads = tree_map(

@@ -15,7 +15,7 @@ from trainer.step import Stepper, zeros_f32
 PAD = 7
 
 
-def _setup(precision: str):
+def _setup(precision: str, grad_checkpoint: bool = False):
     cfg = ModelConfig.from_sizes(depth=2, width=64, heads=2, vocab=128, seq_len=24)
     model = GPT(cfg)
     model.init_weights(3)
@@ -29,7 +29,9 @@ def _setup(precision: str):
         model.set_dtype(mx.bfloat16)
     opt = optim.AdamW(learning_rate=1e-3)
     opt.init(model.trainable_parameters())
-    stepper = Stepper(model, opt, precision=precision, pad_id=PAD, grad_clip=1.0)
+    stepper = Stepper(
+        model, opt, precision=precision, pad_id=PAD, grad_clip=1.0, grad_checkpoint=grad_checkpoint
+    )
     stream = SyntheticStream(128, 24, seed=11)
     batches = []
     for m in range(4):  # unequal microbatches, with padding at the end of some rows
@@ -48,9 +50,10 @@ def _sequential(model, stepper, batches):
     return acc, loss, ntok
 
 
+@pytest.mark.parametrize("grad_checkpoint", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_sequential_matches_unrolled(precision):
-    model, stepper, batches = _setup(precision)
+def test_sequential_matches_unrolled(precision, grad_checkpoint):
+    model, stepper, batches = _setup(precision, grad_checkpoint)
     acc, loss, ntok = _sequential(model, stepper, batches)
     grads, loss_u, ntok_u = stepper.unrolled(batches)
     mx.eval(grads, loss_u, ntok_u)
@@ -120,3 +123,76 @@ def test_chunked_loss_head_gives_the_same_loss_and_gradients(precision, tol, chu
         np.testing.assert_allclose(
             np.array(y), np.array(x), atol=tol * scale, rtol=tol, err_msg=name
         )
+
+
+def _assert_same(acc_a, acc_b, atol=1e-5, rtol=1e-4):
+    a, b = dict(tree_flatten(acc_a)), dict(tree_flatten(acc_b))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype == mx.float32, name
+        np.testing.assert_allclose(
+            np.array(a[name]), np.array(b[name]), atol=atol, rtol=rtol, err_msg=name
+        )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+def test_grad_checkpoint_gives_the_same_loss_and_gradients(precision):
+    """Recomputing each block in the backward pass changes memory, not the update."""
+    model, plain, batches = _setup(precision)
+    ckpt = Stepper(
+        model, plain.optimizer, precision=precision, pad_id=PAD, grad_clip=1.0, grad_checkpoint=True
+    )
+    acc_p, loss_p, n_p = _sequential(model, plain, batches)
+    acc_c, loss_c, n_c = _sequential(model, ckpt, batches)
+    assert n_c.item() == n_p.item()
+    assert loss_c.item() == pytest.approx(loss_p.item(), rel=1e-5)
+    _assert_same(acc_c, acc_p)
+    # Only the checkpointing Stepper's twin changed: the model and the other twin did not.
+    assert type(model.blocks[0]) is type(plain.twin.blocks[0]) is not type(ckpt.twin.blocks[0])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed", "bf16"])
+def test_first_microstep_writes_the_accumulators(precision):
+    """Starting from None gives what adding to FP32 zeros gives, bit for bit."""
+    model, stepper, batches = _setup(precision)
+    zeros = zeros_f32(model.trainable_parameters())
+    zero = mx.array(0.0)
+    acc_z, loss_z, n_z = stepper.microstep(zeros, zero, zero, batches[0])
+    acc_n, loss_n, n_n = stepper.microstep(None, None, None, batches[0])
+    mx.eval(acc_z, acc_n, loss_z, loss_n)
+    assert loss_n.item() == loss_z.item() and n_n.item() == n_z.item()
+    _assert_same(acc_n, acc_z, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_evaluation_loss_matches_the_training_loss(chunk):
+    """eval_sums (no gradients kept) gives the loss a microstep adds, chunked or whole."""
+    model, whole, batches = _setup("fp32")
+    stepper = Stepper(
+        model, whole.optimizer, precision="fp32", pad_id=PAD, grad_clip=1.0, loss_chunk=chunk
+    )
+    for b in batches:
+        loss_e, n_e = stepper.eval_sums(b)
+        _, loss_t, n_t = stepper.microstep(None, None, None, b)
+        assert n_e.item() == n_t.item()
+        assert loss_e.item() == pytest.approx(loss_t.item(), rel=1e-6)
+
+
+def test_checkpointed_relu2_projection_matches_plain_autodiff():
+    """The MLP's ReLU² recomputed in the backward pass: the same value and gradients."""
+    from trainer.model import relu2_proj
+
+    z = mx.random.normal((16, 32), key=mx.random.key(1))
+    w = mx.random.normal((8, 32), key=mx.random.key(2))
+    c = mx.random.normal((16, 8), key=mx.random.key(3))
+
+    def plain(z, w):
+        return ((mx.square(mx.maximum(z, 0.0)) @ w.T) * c).sum()
+
+    def checkpointed(z, w):
+        return (relu2_proj(z, w) * c).sum()
+
+    (vp, gp), (vc, gc) = (mx.value_and_grad(f, argnums=(0, 1))(z, w) for f in (plain, checkpointed))
+    assert vc.item() == vp.item()
+    for a, b in zip(gc, gp, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))

@@ -34,6 +34,12 @@ class TrainConfig:
     device: str = _f(
         "auto", "auto (the GPU where MLX has one), gpu, or cpu", choices=("auto", "gpu", "cpu")
     )
+    cuda_graphs: str = _f(
+        "auto",
+        "MLX's CUDA graphs: on, off, or auto (MLX_USE_CUDA_GRAPHS if set, else the measured "
+        "default); CUDA only",
+        choices=("auto", "on", "off"),
+    )
     # --- model
     depth: int = _f(4, "transformer blocks")
     width: int = _f(0, "model width (0 = 64 x depth, as nanochat)")
@@ -47,7 +53,13 @@ class TrainConfig:
     loss_chunk: int = _f(
         0,
         "tokens per chunk of the loss head (0 = all at once): only one chunk's logits exist at "
-        "a time, recomputed in the backward pass (saves memory at large vocabularies)",
+        "a time, each chunk's gradients computed with its loss (saves memory at large "
+        "vocabularies)",
+    )
+    grad_checkpoint: bool = _f(
+        False,
+        "recompute each block's forward pass in the backward pass instead of keeping its "
+        "activations (less memory, about one more forward pass of compute)",
     )
     # --- batch
     local_batch: int = _f(8, "samples per microstep on this rank (one rank)")

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten, tree_map
 from trainer import memory
 from trainer.distributed import Cluster
 from trainer.loss import head_loss
-from trainer.model import GPT
+from trainer.model import GPT, Block
 
 Tree = dict
 
@@ -51,6 +51,26 @@ def _no_stage(stage: str) -> None:
     pass
 
 
+class CheckpointedBlock(Block):
+    """A Block whose backward pass recomputes its forward (`mx.checkpoint`, as mlx-lm's
+    --grad-checkpoint): the graph keeps the block's input for the backward pass, not its
+    activations. Costs about one more forward pass of the block."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        def forward(params: Tree, x: mx.array) -> mx.array:
+            self.update(params)
+            return Block.__call__(self, x)
+
+        return mx.checkpoint(forward)(self.trainable_parameters(), x)
+
+
+def checkpoint_blocks(model: GPT) -> None:
+    """Make every block of `model` a CheckpointedBlock: same parameters, same tree, same
+    values; only this model's blocks change (mlx-lm patches the class, every model's)."""
+    for block in model.blocks:
+        block.__class__ = CheckpointedBlock
+
+
 class Stepper:
     """Owns the compiled functions for one model and optimizer.
 
@@ -68,6 +88,7 @@ class Stepper:
         pad_id: int,
         grad_clip: float,
         loss_chunk: int = 0,
+        grad_checkpoint: bool = False,
     ):
         self.model, self.optimizer = model, optimizer
         self.pad_id, self.grad_clip = pad_id, grad_clip
@@ -75,10 +96,13 @@ class Stepper:
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
+        if grad_checkpoint:  # only the twin runs forward passes that are differentiated
+            checkpoint_blocks(self.twin)
         self._value_and_grad = mx.value_and_grad(self._loss_sums)
+        self._first = mx.compile(self._first_impl)
         self._micro = mx.compile(self._micro_impl)
         self._unrolled = mx.compile(self._unrolled_impl)
-        self._eval = mx.compile(self._loss_sums)
+        self._eval = mx.compile(partial(self._loss_sums, grad=False))
         state = [model.state, optimizer.state]
         self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
 
@@ -101,11 +125,13 @@ class Stepper:
         t_start = time.perf_counter()
         memory.reset_peak()
         if sequential:
-            acc = zeros_f32(self.model.trainable_parameters())
-            loss_sum, ntok = mx.array(0.0), mx.array(0.0)
+            acc = loss_sum = ntok = None  # the first microstep writes the accumulators
             for batch in batches:
                 acc, loss_sum, ntok = self.microstep(acc, loss_sum, ntok, batch)
                 mx.eval(acc, loss_sum, ntok)  # a sync point: frees this microbatch's graph
+            if acc is None:  # no microbatch: nothing to add (every rank still steps)
+                acc = zeros_f32(self.model.trainable_parameters())
+                loss_sum, ntok = mx.array(0.0), mx.array(0.0)
         else:
             acc, loss_sum, ntok = self.unrolled(list(batches))
             mx.eval(acc, loss_sum, ntok)
@@ -141,7 +167,9 @@ class Stepper:
         )
 
     # --- loss: the sum of per-token cross-entropy over real tokens, and their count
-    def _loss_sums(self, params: Tree, batch: mx.array) -> tuple[mx.array, mx.array]:
+    def _loss_sums(
+        self, params: Tree, batch: mx.array, grad: bool = True
+    ) -> tuple[mx.array, mx.array]:
         if self.cast:
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
         self.twin.update(params)
@@ -149,7 +177,12 @@ class Stepper:
         targets = batch[:, 1:].reshape(-1)
         mask = (targets != self.pad_id).astype(mx.float32)
         loss = head_loss(
-            h.reshape(-1, h.shape[-1]), self.twin.lm_head.weight, targets, mask, self.loss_chunk
+            h.reshape(-1, h.shape[-1]),
+            self.twin.lm_head.weight,
+            targets,
+            mask,
+            self.loss_chunk,
+            grad=grad,
         )
         return loss, mask.sum()
 
@@ -159,9 +192,21 @@ class Stepper:
         acc = tree_map(lambda a, g: a + g.astype(mx.float32), acc, grads)
         return acc, loss_sum + loss, ntok + n
 
-    def microstep(self, acc: Tree, loss_sum: mx.array, ntok: mx.array, batch: mx.array):
-        """Add one microbatch's gradient of its summed loss to the FP32 accumulators (lazy)."""
-        return self._micro(self.model.trainable_parameters(), acc, loss_sum, ntok, batch)
+    def _first_impl(self, params, batch):
+        # The gradients become the accumulators: no zeros to allocate, fill and add to (the
+        # same sums: 0 + g is g), and no FP32 gradients alive beside accumulators.
+        (loss, n), grads = self._value_and_grad(params, batch)
+        return tree_map(lambda g: g.astype(mx.float32), grads), loss, n
+
+    def microstep(
+        self, acc: Tree | None, loss_sum: mx.array | None, ntok: mx.array | None, batch: mx.array
+    ):
+        """Add one microbatch's gradient of its summed loss to the FP32 accumulators (lazy);
+        `acc` None (the first microstep of an update) starts them from this gradient."""
+        params = self.model.trainable_parameters()
+        if acc is None:
+            return self._first(params, batch)
+        return self._micro(params, acc, loss_sum, ntok, batch)
 
     # --- unrolled accumulation: one graph over every microbatch (the memory baseline)
     def _unrolled_impl(self, params, batches):
