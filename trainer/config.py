@@ -343,8 +343,16 @@ def _flag(name: str) -> str:
 
 # `fleet train --help` in groups, in this order; every field is in exactly one (checked below).
 GROUPS: dict[str, tuple[str, ...]] = {
-    "data and run folder": ("data", "run_dir", "synthetic", "seq_len", "seed", "device"),
-    "model": ("depth", "width", "heads", "vocab", "precision", "loss_chunk"),
+    "data and run folder": (
+        "data",
+        "run_dir",
+        "synthetic",
+        "seq_len",
+        "seed",
+        "device",
+        "cuda_graphs",
+    ),
+    "model": ("depth", "width", "heads", "vocab", "precision", "loss_chunk", "grad_checkpoint"),
     "optimization": (
         "local_batch",
         "local_batches",

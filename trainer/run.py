@@ -22,7 +22,7 @@ from telemetry.files import atomic_write
 from telemetry.hub import Hub
 from telemetry.records import PROTOCOL_VERSION, Event, Hello, Update, run_id_of
 from telemetry.reporter import NullReporter, Reporter
-from trainer import checkpoint, heartbeat, memory
+from trainer import checkpoint, cuda_graphs, heartbeat, memory
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
 from trainer.config import ConfigError, TrainConfig
@@ -318,6 +318,7 @@ def open_run(
         atomic_write(run_dir / "config.json", resolved)
 
     # --- device, memory limits, data, model and optimizer
+    graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
     notes = memory.apply_limits(
@@ -325,6 +326,8 @@ def open_run(
         cfg.per_rank("memory_limit_gb", world, rank),
         cfg.per_rank("wired_limit_gb", world, rank),
     )
+    if mx.cuda.is_available():
+        notes.append(graphs)
     data = open_data(cfg)
     model, optimizer = build_model(cfg, data)
 
@@ -368,6 +371,7 @@ def open_run(
         pad_id=data.pad_id,
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
+        grad_checkpoint=cfg.grad_checkpoint,
         **({"factor": factor} if slowed else {}),
     )
     commands = CommandQueue()
