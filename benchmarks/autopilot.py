@@ -96,6 +96,8 @@ def main() -> int:
             "fleet.cli",
             "prepare",
             "--stdlib",
+            "--max-files",
+            "300",
             "--seq-len",
             "128",
             "--out",
