@@ -35,7 +35,7 @@ def run(data: Path, out: Path, split: str, updates: int, *extra: str) -> dict:
     t0 = time.monotonic()
     subprocess.run(
         [
-            *(sys.executable, "-m", "fleet.cli", "launch", "-n", "4"),
+            *(sys.executable, "-m", "fleet.cli", "launch", "-n", "4", "--backend", "ring"),
             *("--starting-port", str(free_port(5)), "--", "train", "--data", str(data)),
             *("--run-dir", str(out), "--local-batches", split, "--updates", str(updates)),
             *("--depth", "4", "--width", "128", "--heads", "2", "--device", "cpu"),
