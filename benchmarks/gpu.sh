@@ -71,19 +71,19 @@ run_part() {  # part number: the steps of that part, then its report
   local lm="$py benchmarks/mlx_lm_reference.py $config --updates $updates --warmup $warmup --json"
   local torch="$py benchmarks/torch_reference.py $config --updates $updates --warmup 5 --json"
   # shellcheck disable=SC2086  # the configurations are word lists on purpose
-  if [ "$p" = 1 ]; then
+  if [ "$p" = 1 ]; then  # the comparisons first, so that a deadline skips the least
     step mlx-mixed 200 $thr --precision mixed  # the first run compiles MLX's kernels (NVRTC)
+    step torch-compile 150 $torch $torch_device --compile
+    step mlx-lm-bf16 60 $lm --precision bf16
     step mlx-bf16 60 $thr --precision bf16
-    step mlx-mixed-chunk 60 $thr --precision mixed --loss-chunk "$chunk"
     for pair in 1 2 3; do  # interleaved, the order turned each pair: on off, off on, on off
       if [ $((pair % 2)) = 1 ]; then order="on off"; else order="off on"; fi
       for g in $order; do
         step "graphs-$g-$pair" 40 $thr --precision mixed --no-breakdown --cuda-graphs "$g"
       done
     done
-    step mlx-lm-bf16 60 $lm --precision bf16
+    step mlx-mixed-chunk 60 $thr --precision mixed --loss-chunk "$chunk"
     step torch-eager 60 $torch $torch_device
-    step torch-compile 150 $torch $torch_device --compile
   else  # in the order of what matters most, so that a deadline skips the least
     step mlx-mixed 200 $thr --precision mixed
     step mlx-mixed-ckpt 60 $thr --precision mixed --grad-checkpoint

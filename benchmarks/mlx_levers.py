@@ -6,9 +6,10 @@ active memory and the median time of one microstep (forward, backward, FP32 accu
 
 Variants, each a Stepper of its own over the same model and batch (so each has its own
 compiled graph), measured round-robin --reps times:
-  product          the trainer as it is: what each lever is compared with
-  relu2-plain      the MLP's ReLU² under plain autodiff, keeping ReLU(z) and its square for the
-                   backward pass, instead of recomputing them from z (trainer/model.py relu2_proj)
+  product          the trainer as it is on this device: what each lever is compared with
+  relu2-recompute  the MLP's ReLU² recomputed from z in the backward pass (trainer/step.py
+                   relu2_proj; the product's choice on a GPU)
+  relu2-plain      ReLU² under plain autodiff, keeping ReLU(z) and its square (the CPU's)
   zeros-first      the first microstep adding its gradients to FP32 zeros, as before, instead
                    of its gradients becoming the accumulators
   loss-chunk       the head in --loss-chunk rows a chunk, gradients computed with the loss
@@ -23,16 +24,10 @@ import statistics
 import time
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from bench.update import synthetic_stepper
-from trainer import model as model_module
 from trainer.data import SyntheticStream
 from trainer.step import Stepper, zeros_f32
-
-
-def plain_mlp(self, x: mx.array) -> mx.array:
-    return self.c_proj(mx.square(nn.relu(self.c_fc(x))))  # the MLP before relu2_proj
 
 
 def main() -> None:
@@ -67,11 +62,8 @@ def main() -> None:
     def stepper(**kw) -> Stepper:
         return Stepper(model, opt, precision=a.precision, pad_id=-1, grad_clip=1.0, **kw)
 
-    chunked, ckpt, plain = (
-        stepper(loss_chunk=a.loss_chunk),
-        stepper(grad_checkpoint=True),
-        stepper(),
-    )
+    chunked, ckpt = stepper(loss_chunk=a.loss_chunk), stepper(grad_checkpoint=True)
+    recompute, plain = stepper(relu2_recompute=True), stepper(relu2_recompute=False)
 
     def first(s: Stepper):
         return lambda: s.microstep(None, None, None, batch)
@@ -80,16 +72,10 @@ def main() -> None:
         zero = mx.array(0.0)
         return product.microstep(zeros_f32(model.trainable_parameters()), zero, zero, batch)
 
-    def relu2_plain():
-        kept, model_module.MLP.__call__ = model_module.MLP.__call__, plain_mlp
-        try:  # the patch is live while this variant's graph is traced (its first call)
-            return plain.microstep(None, None, None, batch)
-        finally:
-            model_module.MLP.__call__ = kept
-
     variants = {
         "product": first(product),
-        "relu2-plain": relu2_plain,
+        "relu2-recompute": first(recompute),
+        "relu2-plain": first(plain),
         "zeros-first": zeros_first,
         "loss-chunk": first(chunked),
         "grad-checkpoint": first(ckpt),

@@ -15,7 +15,7 @@ from trainer.step import Stepper, zeros_f32
 PAD = 7
 
 
-def _setup(precision: str, grad_checkpoint: bool = False):
+def _setup(precision: str, **levers):
     cfg = ModelConfig.from_sizes(depth=2, width=64, heads=2, vocab=128, seq_len=24)
     model = GPT(cfg)
     model.init_weights(3)
@@ -29,9 +29,7 @@ def _setup(precision: str, grad_checkpoint: bool = False):
         model.set_dtype(mx.bfloat16)
     opt = optim.AdamW(learning_rate=1e-3)
     opt.init(model.trainable_parameters())
-    stepper = Stepper(
-        model, opt, precision=precision, pad_id=PAD, grad_clip=1.0, grad_checkpoint=grad_checkpoint
-    )
+    stepper = Stepper(model, opt, precision=precision, pad_id=PAD, grad_clip=1.0, **levers)
     stream = SyntheticStream(128, 24, seed=11)
     batches = []
     for m in range(4):  # unequal microbatches, with padding at the end of some rows
@@ -50,10 +48,18 @@ def _sequential(model, stepper, batches):
     return acc, loss, ntok
 
 
-@pytest.mark.parametrize("grad_checkpoint", [False, True])
+LEVERS = [
+    {"relu2_recompute": False},
+    {"relu2_recompute": True},
+    {"grad_checkpoint": True},
+    {"grad_checkpoint": True, "relu2_recompute": True},
+]
+
+
+@pytest.mark.parametrize("levers", LEVERS, ids=lambda d: ",".join(d))
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_sequential_matches_unrolled(precision, grad_checkpoint):
-    model, stepper, batches = _setup(precision, grad_checkpoint)
+def test_sequential_matches_unrolled(precision, levers):
+    model, stepper, batches = _setup(precision, **levers)
     acc, loss, ntok = _sequential(model, stepper, batches)
     grads, loss_u, ntok_u = stepper.unrolled(batches)
     mx.eval(grads, loss_u, ntok_u)
@@ -135,20 +141,21 @@ def _assert_same(acc_a, acc_b, atol=1e-5, rtol=1e-4):
         )
 
 
+@pytest.mark.parametrize("levers", LEVERS[1:], ids=lambda d: ",".join(d))
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_grad_checkpoint_gives_the_same_loss_and_gradients(precision):
-    """Recomputing each block in the backward pass changes memory, not the update."""
-    model, plain, batches = _setup(precision)
-    ckpt = Stepper(
-        model, plain.optimizer, precision=precision, pad_id=PAD, grad_clip=1.0, grad_checkpoint=True
-    )
+def test_memory_levers_give_the_same_loss_and_gradients(precision, levers):
+    """Recomputing blocks or ReLU² in the backward pass changes memory, not the update."""
+    model, plain, batches = _setup(precision, relu2_recompute=False)
+    lean = Stepper(model, plain.optimizer, precision=precision, pad_id=PAD, grad_clip=1.0, **levers)
     acc_p, loss_p, n_p = _sequential(model, plain, batches)
-    acc_c, loss_c, n_c = _sequential(model, ckpt, batches)
+    acc_c, loss_c, n_c = _sequential(model, lean, batches)
     assert n_c.item() == n_p.item()
     assert loss_c.item() == pytest.approx(loss_p.item(), rel=1e-5)
     _assert_same(acc_c, acc_p)
-    # Only the checkpointing Stepper's twin changed: the model and the other twin did not.
-    assert type(model.blocks[0]) is type(plain.twin.blocks[0]) is not type(ckpt.twin.blocks[0])
+    # Only the lean Stepper's twin changed: the model and the other twin did not.
+    parts = (lambda m: m.blocks[0], lambda m: m.blocks[0].mlp)
+    assert all(type(p(model)) is type(p(plain.twin)) for p in parts)
+    assert any(type(p(lean.twin)) is not type(p(model)) for p in parts)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed", "bf16"])
@@ -180,7 +187,7 @@ def test_evaluation_loss_matches_the_training_loss(chunk):
 
 def test_checkpointed_relu2_projection_matches_plain_autodiff():
     """The MLP's ReLU² recomputed in the backward pass: the same value and gradients."""
-    from trainer.model import relu2_proj
+    from trainer.step import relu2_proj
 
     z = mx.random.normal((16, 32), key=mx.random.key(1))
     w = mx.random.normal((8, 32), key=mx.random.key(2))

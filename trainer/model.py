@@ -93,14 +93,6 @@ class Attention(nn.Module):
         return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))
 
 
-@mx.checkpoint
-def relu2_proj(z: mx.array, weight: mx.array) -> mx.array:
-    """ReLU²(z) @ weight.T. Checkpointed: the backward pass keeps only z and recomputes the
-    pointwise ReLU² from it, instead of keeping two more 4x-wide activations (ReLU(z) and its
-    square) per block; the matmul itself is not recomputed (nothing needs its output there)."""
-    return mx.square(nn.relu(z)) @ weight.T
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -108,7 +100,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.width, cfg.width, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return relu2_proj(self.c_fc(x), self.c_proj.weight)  # c_proj(ReLU²(c_fc(x)))
+        return self.c_proj(mx.square(nn.relu(self.c_fc(x))))  # ReLU²
 
 
 class Block(nn.Module):

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from trainer import memory
 from trainer.distributed import Cluster
 from trainer.loss import head_loss
-from trainer.model import GPT, Block
+from trainer.model import GPT, MLP, Block
 
 Tree = dict
 
@@ -71,6 +72,28 @@ def checkpoint_blocks(model: GPT) -> None:
         block.__class__ = CheckpointedBlock
 
 
+@mx.checkpoint
+def relu2_proj(z: mx.array, weight: mx.array) -> mx.array:
+    """ReLU²(z) @ weight.T, the MLP after c_fc. Checkpointed: the backward pass keeps z alone
+    and recomputes the pointwise ReLU² from it, where plain autodiff keeps two more 4x-wide
+    activations (ReLU(z) and its square); the matmul is not recomputed (nothing needs its
+    output there). Bit-identical gradients."""
+    return mx.square(nn.relu(z)) @ weight.T
+
+
+class RecomputedMLP(MLP):
+    """An MLP whose ReLU² the backward pass recomputes (relu2_proj); same parameters."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return relu2_proj(self.c_fc(x), self.c_proj.weight)  # c_proj(ReLU²(c_fc(x)))
+
+
+def recompute_relu2(model: GPT) -> None:
+    """Make every MLP of `model` a RecomputedMLP (this model's only)."""
+    for block in model.blocks:
+        block.mlp.__class__ = RecomputedMLP
+
+
 class Stepper:
     """Owns the compiled functions for one model and optimizer.
 
@@ -89,6 +112,7 @@ class Stepper:
         grad_clip: float,
         loss_chunk: int = 0,
         grad_checkpoint: bool = False,
+        relu2_recompute: bool | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.pad_id, self.grad_clip = pad_id, grad_clip
@@ -96,8 +120,17 @@ class Stepper:
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
-        if grad_checkpoint:  # only the twin runs forward passes that are differentiated
+        # Only the twin runs forward passes that are differentiated: the memory levers that
+        # trade compute for memory change its modules alone.
+        if grad_checkpoint:
             checkpoint_blocks(self.twin)
+        if relu2_recompute is None:
+            # On a GPU (CUDA, Metal) the recomputed pointwise pass costs about 1% of a step;
+            # on the CPU, whose elementwise kernels run on one thread, about 4%, for memory
+            # that matters less there (benchmarks/RESULTS.md, issue 12).
+            relu2_recompute = mx.default_device() != mx.cpu
+        if relu2_recompute:
+            recompute_relu2(self.twin)
         self._value_and_grad = mx.value_and_grad(self._loss_sums)
         self._first = mx.compile(self._first_impl)
         self._micro = mx.compile(self._micro_impl)
