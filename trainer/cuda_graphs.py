@@ -14,9 +14,11 @@ from collections.abc import MutableMapping
 VARIABLE = "MLX_USE_CUDA_GRAPHS"
 SETTINGS = ("auto", "on", "off")
 
-# What `auto` means where the environment does not say: None keeps MLX's own default (graphs
-# on). Decided from interleaved pairs on the H200 (benchmarks/RESULTS.md, issue 12).
-DEFAULT: bool | None = None
+# What `auto` means where the environment does not say (None would keep MLX's own: graphs on).
+# Off: three interleaved pairs on one H200 (issue 12's 135M model, mixed precision, 2026-12-01)
+# ran 9.5%, 9.1% and 12.4% faster without graphs (benchmarks/RESULTS.md). It costs memory: the
+# peak rose from 19.9 to 22.1-22.6 GiB. CUDA only; Metal and the CPU never read the variable.
+DEFAULT: bool | None = False
 
 
 def apply(setting: str, env: MutableMapping[str, str] | None = None) -> str:
