@@ -210,19 +210,10 @@ class Fleet:
     def log_version(self) -> int:
         return self.journal.version
 
-    def log(
-        self,
-        text: str,
-        level: str = "info",
-        *,
-        rank: int | None = None,
-        step: int | None = None,
-        kind: str = "",
-        when: float | None = None,
-    ) -> LogLine:
-        """Add a line to the event log (`when`: the record's own time, else now)."""
+    def log(self, text: str, level: str = "info", **where: Any) -> LogLine:
+        """Add a line to the event log (`where`: rank, step, kind, when, as Journal.add)."""
         self.version += 1
-        return self.journal.add(text, level, rank=rank, step=step, kind=kind, when=when)
+        return self.journal.add(text, level, **where)
 
     # --- one message each --------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,12 @@ from trainer import checkpoint, cuda_graphs, heartbeat, memory
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
 from trainer.config import ConfigError, TrainConfig
+from trainer.controller import Controller
 from trainer.data import Dataset, SyntheticStream, TrainStream, val_batches
 from trainer.distributed import Cluster, Watchdog
 from trainer.model import GPT, ModelConfig, padded_vocab
 from trainer.optim import make_optimizer
+from trainer.restart import restart_note
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
 
 SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
@@ -74,6 +77,7 @@ class Run:
     pilot: Autopilot = field(default_factory=lambda: Autopilot(1))  # rank 0 steers with it
     alerts: Alerts | None = None  # rank 0 raises them
     extra_peak: float = 0.0  # --simulate-peak-gb of this rank, in bytes
+    measured: dict[str, float] = field(default_factory=dict)  # the last update, for rank 0
     stopping: bool = False  # a stop was applied at this boundary
     last_saved: Path | None = None
     saved_at: int | None = None  # the step of the newest checkpoint of this run
@@ -101,6 +105,46 @@ class Run:
     def event(self, kind: str, message: str, **data: Any) -> None:
         """One event of this rank at the current update."""
         self.reporter.on_event(Event(kind, self.cluster.rank, self.state["step"], message, data))
+
+    def announce(self) -> None:
+        """The `started` event, with what the report and the console show of the run; and
+        `restarted`, when `fleet launch --restarts` relaunched it (rank 0)."""
+        cfg = self.cfg
+        self.event(
+            "started",
+            self.banner,
+            world_size=self.cluster.size,
+            split=self.state["split"],
+            updates=cfg.updates,
+            config_digest=cfg.digest(),
+            architecture=self.identity["architecture"],
+            params=self.model.num_params(),
+            precision=cfg.precision,
+            autopilot=cfg.autopilot,
+        )
+        if (note := restart_note()) and self.cluster.is_root:
+            self.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)
+
+    def controller(self) -> Controller:
+        """The boundary's exchange for this run: memory caps from every rank's limit and
+        peak, and (rank 0) the autopilot."""
+        cfg, world = self.cfg, self.cluster.size
+        limits = [cfg.per_rank("memory_limit_gb", world, r) for r in range(world)]
+        return Controller(
+            self.cluster,
+            self.commands,
+            caps_model=partial(memory.memory_caps, cfg),
+            pilot=self.pilot if self.cluster.is_root else None,
+            limits=[g * memory.GiB if g else None for g in limits],
+            on_note=self.note,
+        )
+
+    def fail(self, message: str, code: int, alert: str = "lost") -> int:
+        """End this rank on an error: say it, tell telemetry (and a person), return `code`."""
+        text = f"fleet train: rank {self.cluster.rank}: {message}"
+        print(text, file=sys.stderr, flush=True)
+        self.on_fatal(text, alert)
+        return code
 
     def note(self, kind: str, message: str, data: dict[str, Any]) -> None:
         """An event from the autopilot or the alerts (printed too: nobody may be watching)."""
@@ -138,6 +182,12 @@ class Run:
             **sysmem.sample().update_fields(),
         )
         self.reporter.on_update(rec)
+        self.measured = {
+            "peak": rec.peak_mem,
+            "compute_s": f.compute_s,
+            "swap": rec.swap_used,
+            "pressure": rec.mem_pressure or 0.0,
+        }
         return rec
 
     # --- evaluation, samples, checkpoints
@@ -288,11 +338,11 @@ class Run:
     def forget_beat(self) -> None:
         heartbeat.clear(self.cfg.run_dir, self.cluster.rank)
 
-    def on_fatal(self, message: str) -> None:
-        """Tell the operator before the process ends."""
+    def on_fatal(self, message: str, alert: str = "lost") -> None:
+        """Tell the operator before the process ends (any rank: rank 0 may be the one lost)."""
         self.event("error", message)
         if self.alerts is not None:
-            self.alerts.raise_("lost", message)
+            self.alerts.raise_(alert, message)
             self.alerts.close(timeout=2.0)
         self.reporter.close()
 

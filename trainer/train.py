@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,7 +31,6 @@ from trainer.controller import HEARTBEAT_S, Controller, stop_on_signals
 from trainer.distributed import Cluster, PeerLost
 from trainer.optim import Schedule
 from trainer.progress import Progress
-from trainer.restart import restart_note
 from trainer.run import ReplicaMismatch, Run, open_run
 from trainer.step import UpdateFigures
 
@@ -54,35 +52,13 @@ def train(
     schedule = Schedule.from_config(
         cfg, tokens_per_update=cfg.accum * sum(state["split"]) * run.data.seq_len
     )
-    limits = [cfg.per_rank("memory_limit_gb", cluster.size, r) for r in range(cluster.size)]
-    controller = Controller(
-        cluster,
-        run.commands,
-        caps_model=partial(memory.memory_caps, cfg),
-        pilot=run.pilot if cluster.is_root else None,
-        limits=[g * memory.GiB if g else None for g in limits],
-        on_note=run.note,
-    )
+    controller = run.controller()
     progress = Progress(cfg.updates)
     watchdog = run.watchdog.start()
-    measured: dict[str, float] = {}  # this rank's last update, shared at each boundary
     clean = False
 
     say(run.banner)
-    run.event(
-        "started",
-        run.banner,
-        world_size=cluster.size,
-        split=state["split"],
-        updates=cfg.updates,
-        config_digest=cfg.digest(),
-        architecture=run.identity["architecture"],
-        params=run.model.num_params(),
-        precision=cfg.precision,
-        autopilot=cfg.autopilot,
-    )
-    if (note := restart_note()) and cluster.is_root:  # relaunched by fleet launch --restarts
-        run.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)
+    run.announce()  # the `started` event (and `restarted`, when fleet launch relaunched it)
     try:
         # Ctrl-C, SIGTERM and SIGHUP to any rank become a `stop` at the next boundary.
         with stop_on_signals(controller, say):
@@ -93,7 +69,7 @@ def train(
                     break
 
                 # --- control: rank 0's next command reaches every rank at this boundary
-                boundary(run, controller, measured)
+                boundary(run, controller)
                 if run.stopping:
                     break
 
@@ -135,12 +111,6 @@ def train(
 
                 # --- report: telemetry gets every update; the printed line every log_every
                 rec = run.record(figures, mem := memory.figures())
-                measured = dict(
-                    peak=rec.peak_mem,
-                    compute_s=figures.compute_s,
-                    swap=rec.swap_used,
-                    pressure=rec.mem_pressure or 0.0,
-                )
                 if cluster.is_root:  # a spiking loss, falling throughput: someone is told
                     run.alerts.watch(state["step"], figures.loss, figures.tokens / figures.update_s)
                 if state["step"] % cfg.log_every == 0 or state["step"] == cfg.updates:
@@ -167,25 +137,17 @@ def train(
         clean = True
         return 0
     except FloatingPointError as e:
-        print(f"fleet train: rank {cluster.rank}: {e}", file=sys.stderr, flush=True)
-        if cluster.is_root:
-            run.alerts.raise_("loss", str(e))
-        run.on_fatal(str(e))
-        return 5
+        return run.fail(str(e), 5, alert="loss")
     except PeerLost as e:
-        who = run.culprit()
-        msg = (
-            f"fleet train: rank {cluster.rank}: lost contact with a peer rank during "
-            f"'{watchdog.stage}' at update {state['step']} ({who or e}). The run stopped; "
-            "resume with --resume latest once every rank is back."
+        who = run.culprit() or e
+        return run.fail(
+            f"lost contact with a peer rank during '{watchdog.stage}' at update "
+            f"{state['step']} ({who}). The run stopped; resume with --resume latest once "
+            "every rank is back.",
+            1,
         )
-        print(msg, file=sys.stderr, flush=True)
-        run.on_fatal(msg)
-        return 1
     except ReplicaMismatch as e:
-        print(f"fleet train: rank {cluster.rank}: {e}", file=sys.stderr, flush=True)
-        run.on_fatal(str(e))
-        return 4
+        return run.fail(str(e), 4)
     finally:
         watchdog.stop()
         if clean:  # a rank that failed leaves its last beat, for the others to name it
@@ -195,13 +157,13 @@ def train(
         run.reporter.close()
 
 
-def boundary(run: Run, controller: Controller, measured: dict[str, float]) -> None:
+def boundary(run: Run, controller: Controller) -> None:
     """Apply rank 0's next command on every rank; while paused, keep exchanging heartbeats
-    until a resume or a stop arrives. `measured`: this rank's last update, for rank 0's
-    memory caps and autopilot."""
+    until a resume or a stop arrives. Each exchange carries what this rank measured in its
+    last update, for rank 0's memory caps and autopilot."""
     run.watchdog.progress("control")
     while True:
-        commands.apply(run, controller.exchange(run.state["split"], **measured))
+        commands.apply(run, controller.exchange(run.state["split"], **run.measured))
         if run.stopping or not controller.paused:
             return
         # Paused: a heartbeat about twice a second keeps every collective bounded and notices
