@@ -31,6 +31,9 @@ SLOW = "2,1,1,1@0;1,1,3,1@50"
 PHASES = [(0, [2, 1, 1, 1]), (50, [1, 1, 3, 1])]
 
 
+MODEL = ["--depth", "4", "--width", "128", "--heads", "2"]
+
+
 def run(data: Path, out: Path, split: str, updates: int, *extra: str) -> dict:
     t0 = time.monotonic()
     subprocess.run(
@@ -38,7 +41,7 @@ def run(data: Path, out: Path, split: str, updates: int, *extra: str) -> dict:
             *(sys.executable, "-m", "fleet.cli", "launch", "-n", "4", "--backend", "ring"),
             *("--starting-port", str(free_port(5)), "--", "train", "--data", str(data)),
             *("--run-dir", str(out), "--local-batches", split, "--updates", str(updates)),
-            *("--depth", "4", "--width", "128", "--heads", "2", "--device", "cpu"),
+            *(*MODEL, "--device", "cpu"),
             *("--telemetry-port-base", "0", "--log-every", "25", *extra),
         ],
         env=fleet_env(),
@@ -86,7 +89,14 @@ def main() -> int:
     ap.add_argument("--updates", type=int, default=100)
     ap.add_argument("--noise-updates", type=int, default=200)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--model",
+        default=" ".join(MODEL),
+        help="model flags: a larger model makes compute, which the slowdown scales, a larger "
+        "share of the update",
+    )
     args = ap.parse_args()
+    MODEL[:] = args.model.split()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
     data = tmp / "data"
     subprocess.run(
