@@ -74,7 +74,7 @@ class Autopilot:
             deque(maxlen=self.window) for _ in range(self.world)
         ]
         self.swaps: list[deque[float]] = [deque(maxlen=self.window) for _ in range(self.world)]
-        self.since_change = 0
+        self.since_change = self.cooldown  # no change yet: nothing to cool down from
         self.streak: tuple[list[int], int] | None = None  # (the same proposal, for how long)
         self.pressed_before: set[int] = set()
         self.changes = 0
