@@ -36,19 +36,7 @@ class DisagreeingCluster(Cluster):
 
 def test_replica_mismatch_names_the_rank_and_keeps_latest(tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = TrainConfig(
-        synthetic=True,
-        run_dir=str(run),
-        depth=1,
-        width=32,
-        heads=1,
-        seq_len=16,
-        vocab=64,
-        local_batch=2,
-        updates=4,
-        checkpoint_every=2,
-        telemetry_port_base=0,
-    )
+    cfg = _tiny(run, updates=4, checkpoint_every=2)
     honest = train(cfg, Cluster(FakeGroup()))
     assert honest == 0
     assert checkpoint.resolve(run, "latest")[0].name == "step-000004"
