@@ -77,7 +77,6 @@ class Autopilot:
         self.since_change = self.cooldown  # no change yet: nothing to cool down from
         self.streak: tuple[list[int], int] | None = None  # (the same proposal, for how long)
         self.pressed_before: set[int] = set()
-        self.changes = 0
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
         self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
 
@@ -101,7 +100,7 @@ class Autopilot:
                 out.notes.append(("alert", f"memory pressure: {text}", {"ranks": sorted(pressed)}))
             self.pressed_before = set(pressed)
         elif pressed:
-            self._relieve(split, figures, pressed, out)
+            self._relieve(split, pressed, out)
         elif self.enabled and self.since_change >= self.cooldown:
             self._rebalance(split, out)
         if not pressed:
@@ -124,10 +123,8 @@ class Autopilot:
                 why[r] = f"its machine reports memory pressure {f.pressure:.0%}"
         return why
 
-    def _relieve(
-        self, split: list[int], figures: list[RankFigures], pressed: dict[int, str], out: Decision
-    ) -> None:
-        new = list(split)
+    def _relieve(self, split: list[int], pressed: dict[int, str], out: Decision) -> None:
+        models, new = self._models(), list(split)
         for r in pressed:
             give = max(1, math.ceil(new[r] / 4))  # a quarter at a time, at least one sample
             new[r] -= give
@@ -135,7 +132,7 @@ class Autopilot:
             for _ in range(give):
                 if not takers or new[r] < 1:
                     break
-                q = min(takers, key=lambda q: self._predict(q, new[q] + 1))
+                q = min(takers, key=lambda q: models[q].time(new[q] + 1))
                 new[q] += 1
         fits = sum(new) == sum(split) and min(new) >= 1 and new != split
         text = "; ".join(f"rank {r}: {why}" for r, why in sorted(pressed.items()))
@@ -152,11 +149,6 @@ class Autopilot:
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
         out.notes.append(("autopilot", f"moving samples off pressed rank(s): {text}", {}))
         self._changed(split, new, 0.0, sorted(self.recent)[len(self.recent) // 2])
-
-    def _predict(self, rank: int, batch: int) -> float:
-        s = list(self.samples[rank])
-        per = sum(x.compute_s for x in s) / max(1, sum(x.local_batch for x in s))
-        return per * batch
 
     # --- speed --------------------------------------------------------------------------------
     def _models(self) -> list[balance.RankModel]:
@@ -196,7 +188,6 @@ class Autopilot:
         self._changed(split, prop.split, prop.gain, before)
 
     def _changed(self, old: list[int], new: list[int], gain: float, before: float | None) -> None:
-        self.changes += 1
         self.since_change = 0
         self.streak = None
         self.recent.clear()

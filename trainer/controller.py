@@ -126,10 +126,6 @@ class Controller:
             return f"unknown command {p.cmd!r}"
         return None
 
-    def set_autopilot(self, on: bool) -> None:
-        if self.pilot is not None:
-            self.pilot.enabled = on
-
     @staticmethod
     def answer(action: Action, step: int, ok: bool = True, error: str = "", **result) -> None:
         """Resolve rank 0's pending command: applied at `step`, or refused and why."""
