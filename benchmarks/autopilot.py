@@ -15,7 +15,6 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from telemetry.arrowlog import read_events, read_updates  # noqa: E402
-from tests.conftest import fleet_env, free_port  # noqa: E402
+from tests.conftest import launch_args, run_fleet  # noqa: E402
 
 SLOW = "2,1,1,1@0;1,1,3,1@50"
 PHASES = [(0, [2, 1, 1, 1]), (50, [1, 1, 3, 1])]
@@ -36,18 +35,10 @@ MODEL = ["--depth", "4", "--width", "128", "--heads", "2"]
 
 def run(data: Path, out: Path, split: str, updates: int, *extra: str) -> dict:
     t0 = time.monotonic()
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "fleet.cli", "launch", "-n", "4", "--backend", "ring"),
-            *("--starting-port", str(free_port(5)), "--", "train", "--data", str(data)),
-            *("--run-dir", str(out), "--local-batches", split, "--updates", str(updates)),
-            *(*MODEL, "--device", "cpu"),
-            *("--telemetry-port-base", "0", "--log-every", "25", *extra),
-        ],
-        env=fleet_env(),
-        check=True,
-        capture_output=True,
-    )
+    train = ("--local-batches", split, "--updates", str(updates), *MODEL, "--device", "cpu")
+    train += ("--telemetry-port-base", "0", "--log-every", "25", *extra)
+    # CPU ranks meet over the ring backend (mlx.launch would pick NCCL on a CUDA host)
+    run_fleet(*launch_args(4, data, out, *train, launch_opts=("--backend", "ring")), timeout=900)
     rows = read_updates(out, 0).to_pylist()[5:]
     moves = [e for e in read_events(out, 0) if e.kind == "rebalanced"]
     tokens = sum(r["update_tokens"] for r in rows)
@@ -99,24 +90,7 @@ def main() -> int:
     MODEL[:] = args.model.split()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
     data = tmp / "data"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleet.cli",
-            "prepare",
-            "--stdlib",
-            "--max-files",
-            "300",
-            "--seq-len",
-            "128",
-            "--out",
-            str(data),
-        ],
-        env=fleet_env(),
-        check=True,
-        capture_output=True,
-    )
+    run_fleet("prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data))
     slow = ("--simulate-slowdown", SLOW)
     fixed = run(data, tmp / "fixed", "2,2,2,2", args.updates, *slow)
     best = best_in_hindsight(per_sample(tmp / "fixed"), args.updates)

@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import fleet_env, free_port  # noqa: E402
+from tests.conftest import fleet_env, free_port, run_fleet  # noqa: E402
 from tests.test_distributed import TINY, rank_pid, wait_for_updates, weights  # noqa: E402
 from trainer import checkpoint  # noqa: E402
 
@@ -183,24 +183,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-faults-"))
     data = tmp / "data"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleet.cli",
-            "prepare",
-            "--stdlib",
-            "--max-files",
-            "12",
-            "--seq-len",
-            "32",
-            "--out",
-            str(data),
-        ],
-        env=fleet_env(),
-        check=True,
-        capture_output=True,
-    )
+    run_fleet("prepare", "--stdlib", "--max-files", "12", "--seq-len", "32", "--out", str(data))
     out: dict = {"sigstop": [], "signals": [], "restarts": []}
     for n in range(args.trials):
         out["sigstop"].append(trial(sigstop_trial, data, tmp, n % 3, args.timeout))

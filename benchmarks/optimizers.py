@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,13 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from telemetry.arrowlog import read_events, read_updates  # noqa: E402
-from tests.conftest import fleet_env  # noqa: E402
-
-
-def fleet(*args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "fleet.cli", *args], env=fleet_env(), check=True, capture_output=True
-    )
+from tests.conftest import run_fleet  # noqa: E402
 
 
 def main() -> int:
@@ -43,17 +36,18 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-opt-"))
     data = tmp / "data"
-    fleet("prepare", "--stdlib", "--seq-len", str(args.seq_len), "--out", str(data))
+    run_fleet("prepare", "--stdlib", "--seq-len", str(args.seq_len), "--out", str(data))
     rows = []
     for rep in range(args.repeats):
         for opt in ("adamw", "muon"):
             run = tmp / f"{opt}-{rep}"
-            fleet(
+            run_fleet(
                 *("train", "--data", str(data), "--run-dir", str(run), "--optimizer", opt),
                 *("--depth", str(args.depth), "--width", str(args.width), "--heads", "2"),
                 *("--local-batch", str(args.local_batch), "--updates", str(args.updates + 1)),
                 *("--eval-every", str(args.updates), "--eval-samples", "0"),
                 *("--telemetry-port-base", "0", "--log-every", "50"),
+                timeout=3600,
             )
             (val,) = [e.data["val_loss"] for e in read_events(run, 0) if e.kind == "eval"]
             upd = read_updates(run, 0).to_pylist()[5:]  # past compilation
