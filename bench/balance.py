@@ -127,7 +127,8 @@ def run_variant(
 def gradient_bytes(args: argparse.Namespace) -> int:
     """Bytes one rank all-reduces per update: FP32 gradients of every weight (lazy arrays: the
     model is described, never materialized)."""
-    from trainer.model import GPT, ModelConfig
+    from trainer.model.config import ModelConfig
+    from trainer.model.gpt import GPT
     from trainer.run import SYNTHETIC_VOCAB
 
     mcfg = ModelConfig.from_sizes(

@@ -75,7 +75,7 @@ def _head_peak(upd: SyntheticUpdate, batch, loss_chunk: int) -> int:
     the compute dtype (its input and weight gradients included)."""
     import mlx.core as mx
 
-    from trainer.loss import head_loss
+    from trainer.model.loss import head_loss
 
     rows, dtype = batch.shape[0] * (batch.shape[1] - 1), upd.stepper.compute_dtype
     h = (0.1 * mx.random.normal((rows, upd.model.cfg.width), key=mx.random.key(1))).astype(dtype)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # mlx loads only when a benchmark builds a model
     import mlx.core as mx
     from mlx.optimizers import Optimizer
 
-    from trainer.model import GPT
+    from trainer.model.gpt import GPT
     from trainer.step import Stepper, UpdateFigures
 
 
@@ -30,7 +30,8 @@ def synthetic_stepper(
     import mlx.core as mx
 
     from trainer.config import TrainConfig
-    from trainer.model import GPT, ModelConfig
+    from trainer.model.config import ModelConfig
+    from trainer.model.gpt import GPT
     from trainer.optim import make_optimizer
     from trainer.step import Stepper
 
@@ -62,7 +63,7 @@ class SyntheticUpdate:
     is `Stepper.update`, the one `train()` runs."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from trainer.data import SyntheticStream
+        from trainer.data.dataset import SyntheticStream
 
         self.model, self.optimizer, self.stepper = synthetic_stepper(
             depth=args.depth,

@@ -26,9 +26,9 @@ counts, per trial:
 - verified copies removed: other steps with a complete, verified copy under a temporary
   name at the kill (a save cut short after its files were whole) that recovery deleted.
 
-Standalone: imports trainer.checkpoint (of this checkout) and mlx only. With PYTHONPATH set,
+Standalone: imports trainer.checkpoint.store (of this checkout) and mlx only. With PYTHONPATH set,
 `trainer` comes from there instead: PYTHONPATH=<another checkout> measures another version
-(the child processes inherit it). The first line printed names the checkpoint.py measured.
+(the child processes inherit it). The first line printed names the catalog.py measured.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ if not os.environ.get("PYTHONPATH"):  # this checkout, not an installed copy; el
 
 import mlx.core as mx  # noqa: E402
 
-from trainer import checkpoint  # noqa: E402
+from trainer.checkpoint import catalog, store  # noqa: E402
 
 IDENT = {"architecture": {"d": 1}, "tokenizer": {}, "dataset": "x", "global_batch": {}}
 OPS = ("rename", "replace", "symlink", "unlink", "rmdir", "mkdir", "fsync")
@@ -80,7 +80,7 @@ def plan(rng: random.Random) -> tuple[list[Save], int]:
 
 def save(run: Path, entry: Save, keep: int, size: int) -> None:
     step, version, agree = entry
-    checkpoint.save(
+    store.save(
         run,
         step,
         params={"w": mx.full((size,), float(step))},
@@ -150,14 +150,14 @@ def child(run: Path, seed: int, size: int) -> None:
 # --- judging ------------------------------------------------------------------------------
 def verified_steps(run: Path, *, named_only: bool = False) -> set[int]:
     """Steps with a folder that verifies: any folder, or only `step-NNNNNN` ones."""
-    ckpts = checkpoint.root(run)
+    ckpts = catalog.root(run)
     found = set()
     for p in ckpts.iterdir() if ckpts.is_dir() else []:
         try:
-            step = int(checkpoint.verify(p)["step"])
-        except Exception:  # an older checkpoint.py may raise anything on a damaged manifest
+            step = int(catalog.verify(p)["step"])
+        except Exception:  # an older catalog.py may raise anything on a damaged manifest
             continue
-        if not named_only or p.name == checkpoint.step_dir(run, step).name:
+        if not named_only or p.name == catalog.step_dir(run, step).name:
             found.add(step)
     return found
 
@@ -175,17 +175,17 @@ def judge(run: Path, saves: list[Save], done: int) -> dict[str, int]:
     out = {"failed": 0, "wrong": 0, "lost": 0, "removed": 0}
     path = None
     try:
-        path, manifest, _ = checkpoint.resolve(run, "latest")
-        taken = (manifest["step"], checkpoint.read_json(path, checkpoint.STATE)["version"])
+        path, manifest, _ = catalog.resolve(run, "latest")
+        taken = (manifest["step"], catalog.read_json(path, catalog.STATE)["version"])
         if taken not in allowed or manifest.get("replicas_agree") is not True:
             out["wrong"] = 1
     except Exception:
         out["failed"] = int(bool(returned))
     with contextlib.suppress(Exception):
-        checkpoint.clear_orphans(run)
+        catalog.clear_orphans(run)
     if path is not None:
         try:
-            checkpoint.verify(path)
+            catalog.verify(path)
         except Exception:
             out["failed"] = 1
     after = verified_steps(run, named_only=True)
@@ -257,11 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             "verified_copies_removed": totals["removed"],
             "cut_at": dict(sorted(where.items())),
         }
-    report = {"checkpoint_py": checkpoint.__file__, "seed": args.seed, "modes": rows}
+    report = {"checkpoint_py": store.__file__, "seed": args.seed, "modes": rows}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"checkpoint.py: {checkpoint.__file__}  seed {args.seed}")
+    print(f"catalog.py: {store.__file__}  seed {args.seed}")
     print(f"{'mode':8} {'trials':>6} {'failed':>7} {'wrong':>6} {'lost':>5} {'removed':>8}  cut at")
     for mode, r in rows.items():
         cuts = ", ".join(f"{k} {v}" for k, v in r["cut_at"].items())

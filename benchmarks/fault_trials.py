@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import fleet_env, free_port, run_fleet  # noqa: E402
 from tests.test_distributed import TINY, rank_pid, wait_for_updates, weights  # noqa: E402
-from trainer import checkpoint  # noqa: E402
+from trainer.checkpoint import catalog  # noqa: E402
 
 
 def fleet(*args: str, **popen) -> subprocess.Popen:
@@ -121,9 +121,9 @@ def signal_trial(data: Path, tmp: Path, signum: int) -> dict:
     stopped_s = time.monotonic() - t0
     time.sleep(0.5)
     try:
-        path, _, _ = checkpoint.resolve(run, "latest")
-        saved = checkpoint.read_json(path, checkpoint.STATE)["step"]
-    except checkpoint.CheckpointError:
+        path, _, _ = catalog.resolve(run, "latest")
+        saved = catalog.read_json(path, catalog.STATE)["step"]
+    except catalog.CheckpointError:
         saved = None
     return {
         "signal": signal.Signals(signum).name,
@@ -151,7 +151,7 @@ def restart_trial(data: Path, tmp: Path, whole: dict, base_s: float, updates: in
     )
     victim = rank_pid(run, 2)
     while True:
-        done = checkpoint.complete(run) if (run / "checkpoints").is_dir() else []
+        done = catalog.complete(run) if (run / "checkpoints").is_dir() else []
         if max((int(p.name.split("-")[1]) for p in done), default=0) >= at:
             break
         time.sleep(0.05)
@@ -164,9 +164,9 @@ def restart_trial(data: Path, tmp: Path, whole: dict, base_s: float, updates: in
         "killed_after_checkpoint": at,
         "rc": proc.returncode,
         "restarts": err.count("fleet launch: rank"),
-        "updates_completed": checkpoint.read_json(
-            checkpoint.resolve(run, "latest")[0], checkpoint.STATE
-        )["step"],
+        "updates_completed": catalog.read_json(catalog.resolve(run, "latest")[0], catalog.STATE)[
+            "step"
+        ],
         "max_weight_diff": diff,
         "time_lost_s": round(wall - base_s, 1),
     }

@@ -35,7 +35,6 @@ RUN_ENTRIES = (
 )
 
 
-
 def modules() -> dict[str, Path]:
     """Dotted module name -> file, for every product module."""
     out = {}

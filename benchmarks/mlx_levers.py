@@ -26,7 +26,7 @@ import time
 import mlx.core as mx
 
 from bench.update import synthetic_stepper
-from trainer.data import SyntheticStream
+from trainer.data.dataset import SyntheticStream
 from trainer.step import Stepper, zeros_f32
 
 

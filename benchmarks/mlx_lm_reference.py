@@ -9,7 +9,7 @@ mlx-lm is an optional benchmark dependency (`pip install mlx-lm`), never the pro
 this script imports it. What runs is `mlx_lm.tuner.trainer.train` itself (its compiled step,
 its gradient accumulation, its `--grad-checkpoint`, its own loss: the mean cross-entropy of
 `default_loss`) on `mlx_lm.models.nanochat.Model` (rotary, weightless RMSNorm, QK-norm, ReLU²,
-softcap 15, untied head: the architecture of trainer/model.py), every weight trained, with
+softcap 15, untied head: the architecture of trainer/model/gpt.py), every weight trained, with
 AdamW as fleet's (betas 0.9/0.95, eps 1e-8, weight decay 0.1, bias correction) on synthetic
 tokens. mlx-lm's trainer does not clip gradients; fleet clips at 1.0. The weights are in the
 `--precision` dtype (bf16, as mlx-lm fine-tunes: there is no FP32 master copy) or FP32.

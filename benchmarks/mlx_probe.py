@@ -102,7 +102,8 @@ def head_probes() -> dict:
 
 def block_probes() -> dict:
     """The attention module's pieces: what rotary, QK-norm and the layout cost, fwd + bwd."""
-    from trainer.model import Attention, ModelConfig
+    from trainer.model.config import ModelConfig
+    from trainer.model.gpt import Attention
 
     cfg = ModelConfig.from_sizes(depth=1, width=C, heads=H, vocab=V, seq_len=T)
     attn = Attention(cfg)

@@ -21,8 +21,8 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from bench.update import synthetic_stepper
-from trainer.data import SyntheticStream
-from trainer.loss import head_loss
+from trainer.data.dataset import SyntheticStream
+from trainer.model.loss import head_loss
 
 
 def timed(fn, reps: int) -> float:
@@ -116,7 +116,7 @@ def main() -> None:
     targets = batch[:, 1:].reshape(-1)
     mask = mx.ones(targets.shape, dtype=mx.float32)
 
-    def head(w, x):  # the trainer's head (trainer/loss.py), whole or in --loss-chunk chunks
+    def head(w, x):  # the trainer's head (trainer/model/loss.py), whole or in --loss-chunk chunks
         return head_loss(x.reshape(-1, C), w["weight"], targets, mask, a.loss_chunk)
 
     g_head = mx.compile(mx.value_and_grad(head, argnums=(0, 1)))

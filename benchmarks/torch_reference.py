@@ -7,7 +7,7 @@ Standalone: torch is not a product dependency and only this script imports it.
     python benchmarks/torch_reference.py --depth 2 --width 64 --heads 2 --vocab 256 \
         --seq-len 32 --local-batch 2 --updates 3 --warmup 1 --device cpu   # smoke test
 
-It mirrors trainer/model.py (rotary, weightless RMSNorm, QK-norm, ReLU² MLP, untied head,
+It mirrors trainer/model/gpt.py (rotary, weightless RMSNorm, QK-norm, ReLU² MLP, untied head,
 logit softcap) and trainer/step.py with --precision mixed: FP32 master weights, a bf16
 autocast forward, FP32 cross-entropy summed over every token and divided by the update's
 token count, FP32 gradients accumulated over --accum microsteps, global-norm clip 1.0,
@@ -35,7 +35,7 @@ LR = 1e-4  # what `fleet bench throughput` steps with; the value does not change
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
-    # RMSNorm without a learnable gain, as trainer/model.py's _norm.
+    # RMSNorm without a learnable gain, as trainer/model/gpt.py's _norm.
     return F.rms_norm(x, (x.size(-1),), eps=NORM_EPS)
 
 
@@ -117,7 +117,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """trainer/model.py's init: unit-variance embedding, zero output projections."""
+        """trainer/model/gpt.py's init: unit-variance embedding, zero output projections."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):

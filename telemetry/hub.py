@@ -18,11 +18,10 @@ from typing import Any
 
 from telemetry.arrowlog import ArrowLog, log_dir
 from telemetry.control import CommandQueue
-from telemetry.protocol import DEFAULT_EVENT_BACKLOG
 from telemetry.records import EVENT_KINDS, Event, Hello, Update
-from telemetry.server import ANY_PORT, ConnectionLimits, Server
+from telemetry.server import ANY_PORT, ConnectionLimits, Server, ServerOptions
 
-__all__ = ["ANY_PORT", "ConnectionLimits", "Hub", "unix_socket_path"]
+__all__ = ["ANY_PORT", "ConnectionLimits", "Hub", "ServerOptions", "unix_socket_path"]
 
 
 def unix_socket_path(run_dir: str | Path, rank: int) -> Path:
@@ -35,9 +34,9 @@ class Hub:
 
     `port`: None or 0 serves no socket (log only), ANY_PORT (-1) an ephemeral one (read it from
     `address`), else that port. Only rank 0 with `commands` and `key` applies commands.
-    `flush_interval`: records go out at most this often, batched (0 = each at once); a
-    record after a quiet spell goes at once. Replies to commands never wait.
-    `limits`: how many connections, and their timeouts (protocol.py's defaults).
+    `options`: where and how the server serves (telemetry/server/options.py): records go out
+    at most every `flush_interval` s, batched; a record after a quiet spell goes at once, and
+    replies to commands never wait.
     """
 
     def __init__(
@@ -46,42 +45,29 @@ class Hub:
         run_dir: Path,
         hello: Hello,
         port: int | None,
-        bind: str = "127.0.0.1",
-        allow_remote: bool = False,
+        options: ServerOptions | None = None,
         unix_socket: bool = False,
         commands: CommandQueue | None = None,
         key: bytes | None = None,
-        backlog: int = 256,
         log: bool = True,
-        queue_size: int = 1024,
-        subscriber_buffer: int = 512,
-        event_backlog: int = DEFAULT_EVENT_BACKLOG,
-        flush_interval: float = 0.1,
-        limits: ConnectionLimits | None = None,
     ) -> None:
+        options = options or ServerOptions()
         self.run_dir = Path(run_dir)
         self._hello = hello
         self.rank = hello.rank
         self.log: ArrowLog | None = (
-            ArrowLog(self.run_dir, hello.rank, queue_size=queue_size) if log else None
+            ArrowLog(self.run_dir, hello.rank, queue_size=options.queue_size) if log else None
         )
         self.server: Server | None = None
         if port or unix_socket:
             self.server = Server(
                 hello=hello,
                 port=port or None,
-                bind=bind,
-                allow_remote=allow_remote,
+                options=options,
                 unix_path=unix_socket_path(self.run_dir, hello.rank) if unix_socket else None,
                 commands=commands,
                 key=key,
-                backlog=backlog,
-                event_backlog=event_backlog,
-                queue_size=queue_size,
-                subscriber_buffer=subscriber_buffer,
                 rank0_port=port - hello.rank if port and port > 0 else None,
-                flush_interval=flush_interval,
-                limits=limits,
             )
 
     def start(self) -> Hub:

@@ -44,7 +44,7 @@ def port_base():
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """A byte-tokenized dataset of a few standard-library files, 32-token rows."""
-    from trainer.prepare import PrepareConfig, prepare
+    from trainer.data.prepare import PrepareConfig, prepare
 
     out = tmp_path_factory.mktemp("data") / "tiny"
     prepare(

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from trainer.data import SyntheticStream
-from trainer.model import GPT, ModelConfig
+from trainer.data.dataset import SyntheticStream
+from trainer.model.config import ModelConfig
+from trainer.model.gpt import GPT
 from trainer.step import Stepper, zeros_f32
 
 PAD = 7

@@ -6,7 +6,7 @@ import pytest
 
 from telemetry.arrowlog import read_events
 from tests.conftest import run_fleet
-from trainer import checkpoint
+from trainer.checkpoint import catalog
 
 TINY = ("--depth", "1", "--width", "32", "--heads", "1", "--local-batch", "4", "--seed", "1")
 
@@ -32,10 +32,10 @@ def test_the_lowest_validation_loss_is_kept_as_best(tiny_data, tmp_path):
     train(tiny_data, run, "--updates", "9", "--eval-every", "2", "--keep-checkpoints", "1")
     evals = [e for e in read_events(run, 0) if e.kind == "eval"]
     low = min(evals, key=lambda e: e.data["val_loss"])
-    path, manifest, _ = checkpoint.resolve(run, checkpoint.BEST)
+    path, manifest, _ = catalog.resolve(run, catalog.BEST)
     assert manifest["step"] == low.step  # kept although --keep-checkpoints 1 pruned others
     assert evals[-1].data["best_step"] == low.step
-    state = checkpoint.read_json(checkpoint.resolve(run, "latest")[0], checkpoint.STATE)
+    state = catalog.read_json(catalog.resolve(run, "latest")[0], catalog.STATE)
     assert state["best"] == {"step": low.step, "val_loss": low.data["val_loss"]}
     report = run_fleet("report", str(run)).stdout
     assert f"Best validation loss: {low.data['val_loss']:.4f} at update {low.step}" in report
@@ -48,7 +48,7 @@ def test_early_stop_says_why_and_a_resume_goes_on(tiny_data, tmp_path):
     out = train(tiny_data, run, "--updates", "20", *args)
     assert "early stop at update 6: the best validation loss is" in out.stdout
     assert "at update 2; the last 2 evaluations" in out.stdout
-    assert checkpoint.resolve(run, "latest")[1]["step"] == 6
+    assert catalog.resolve(run, "latest")[1]["step"] == 6
     again = train(tiny_data, run, "--resume", "latest", "--updates", "20")
     assert "resumed from" in again.stdout
     assert "early stop at update 10" in again.stdout  # patience counted afresh
@@ -57,5 +57,5 @@ def test_early_stop_says_why_and_a_resume_goes_on(tiny_data, tmp_path):
 
 
 def test_best_is_refused_by_name_when_the_run_never_evaluated(tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="kept no best checkpoint"):
-        checkpoint.resolve(tmp_path, checkpoint.BEST)
+    with pytest.raises(catalog.CheckpointError, match="kept no best checkpoint"):
+        catalog.resolve(tmp_path, catalog.BEST)

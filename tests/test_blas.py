@@ -13,8 +13,9 @@ from trainer import blas
 
 SNIPPET = """
 import json, mlx.core as mx
-from trainer.model import GPT, ModelConfig
-from trainer.data import SyntheticStream
+from trainer.model.config import ModelConfig
+from trainer.model.gpt import GPT
+from trainer.data.dataset import SyntheticStream
 from trainer.step import Stepper, zeros_f32
 import mlx.optimizers as optim
 cfg = ModelConfig.from_sizes(depth=2, width=64, heads=2, vocab=128, seq_len=32)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import free_port, run_fleet
-from trainer.check import HostReport, compare, links_problems
+from trainer.launch.check import HostReport, compare, links_problems
 
 HERE = {"python": "3.11.7", "mlx": "0.32.4", "mlx-fleet": "0.1.0"}
 GiB = 2**30

@@ -16,8 +16,8 @@ import pytest
 
 from fleet.cli import main as fleet
 from telemetry.arrowlog import read_updates
-from trainer import checkpoint
-from trainer.manifest import digest as manifest_digest
+from trainer.checkpoint import catalog, store
+from trainer.checkpoint.manifest import digest as manifest_digest
 
 TINY = ["--depth", "2", "--width", "64", "--heads", "2", "--telemetry-port-base", "0"]
 
@@ -43,7 +43,7 @@ def train(data: Path, run: Path, *extra: str) -> int:
 
 
 def weights(path: Path) -> dict[str, np.ndarray]:
-    return {k: np.array(v) for k, v in mx.load(str(path / checkpoint.WEIGHTS)).items()}
+    return {k: np.array(v) for k, v in mx.load(str(path / catalog.WEIGHTS)).items()}
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -69,7 +69,7 @@ def interrupted(tiny_data, tmp_path_factory):
         == 0
     )
     assert train(tiny_data, split, "--updates", "6", "--stop-at", "3", "--eval-every", "3") == 0
-    assert checkpoint.resolve(split, "latest")[0].name == "step-000003"
+    assert catalog.resolve(split, "latest")[0].name == "step-000003"
     before = tree_hashes(split / "checkpoints" / "step-000003")
     assert fleet(["train", "--resume", "latest", "--run-dir", str(split)]) == 0
     return straight, split, before
@@ -77,8 +77,8 @@ def interrupted(tiny_data, tmp_path_factory):
 
 def test_resume_is_exact(interrupted):
     straight, split, _ = interrupted
-    a = weights(checkpoint.step_dir(straight, 6))
-    b = weights(checkpoint.step_dir(split, 6))
+    a = weights(catalog.step_dir(straight, 6))
+    b = weights(catalog.step_dir(split, 6))
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-9, err_msg=name)
@@ -86,8 +86,8 @@ def test_resume_is_exact(interrupted):
     assert sorted(lb) == list(range(1, 7))  # the log kept the first leg and the resumed one
     for step in range(1, 7):
         assert lb[step] == pytest.approx(la[step], rel=1e-6), step
-    sa = json.loads((checkpoint.step_dir(straight, 6) / "state.json").read_text())
-    sb = json.loads((checkpoint.step_dir(split, 6) / "state.json").read_text())
+    sa = json.loads((catalog.step_dir(straight, 6) / "state.json").read_text())
+    sb = json.loads((catalog.step_dir(split, 6) / "state.json").read_text())
     assert (sa["cursor"], sa["tokens"]) == (sb["cursor"], sb["tokens"])
 
 
@@ -98,15 +98,15 @@ def test_resume_never_modifies_the_original(interrupted):
 
 def test_manifest_lists_every_file_with_its_digest(interrupted):
     straight, _, _ = interrupted
-    path = checkpoint.step_dir(straight, 6)
-    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    path = catalog.step_dir(straight, 6)
+    manifest = json.loads((path / catalog.MANIFEST).read_text())
     for name, entry in manifest["files"].items():
         assert hashlib.sha256((path / name).read_bytes()).hexdigest() == entry["sha256"]
         assert (path / name).stat().st_size == entry["size"]
     assert manifest["architecture"]["depth"] == 2
     assert manifest["global_batch"] == {"microbatch": 3, "accum": 2}
     assert manifest["replicas_agree"] is True
-    state = json.loads((path / checkpoint.STATE).read_text())
+    state = json.loads((path / catalog.STATE).read_text())
     assert state["step"] == 6 and state["cursor"] == 6 * 3 * 2 and state["split"] == [3]
 
 
@@ -118,16 +118,16 @@ def _copy_run(src: Path, dst: Path) -> Path:
 @pytest.mark.parametrize(
     "damage, file",
     [
-        ("truncate", checkpoint.WEIGHTS),
-        ("flip", checkpoint.OPTIMIZER),
-        ("flip", checkpoint.STATE),
-        ("delete", checkpoint.MANIFEST),
+        ("truncate", catalog.WEIGHTS),
+        ("flip", catalog.OPTIMIZER),
+        ("flip", catalog.STATE),
+        ("delete", catalog.MANIFEST),
     ],
 )
 def test_damaged_checkpoint_is_named_and_latest_falls_back(interrupted, tmp_path, damage, file):
     straight, _, _ = interrupted
     run = _copy_run(straight, tmp_path / "run")
-    newest = checkpoint.step_dir(run, 6)
+    newest = catalog.step_dir(run, 6)
     target = newest / file
     if damage == "truncate":
         target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
@@ -137,9 +137,9 @@ def test_damaged_checkpoint_is_named_and_latest_falls_back(interrupted, tmp_path
         target.write_bytes(bytes(data))
     else:
         target.unlink()
-    with pytest.raises(checkpoint.CheckpointError, match=file.replace(".", r"\.")):
-        checkpoint.verify(newest)
-    path, _, warnings = checkpoint.resolve(run, "latest")
+    with pytest.raises(catalog.CheckpointError, match=file.replace(".", r"\.")):
+        catalog.verify(newest)
+    path, _, warnings = catalog.resolve(run, "latest")
     assert path.name == "step-000003"
     assert any("step-000006" in w for w in warnings)
 
@@ -147,9 +147,9 @@ def test_damaged_checkpoint_is_named_and_latest_falls_back(interrupted, tmp_path
 def test_explicit_corrupt_checkpoint_is_refused_by_train(interrupted, tmp_path, capsys):
     straight, _, _ = interrupted
     run = _copy_run(straight, tmp_path / "run")
-    target = checkpoint.step_dir(run, 6) / checkpoint.WEIGHTS
+    target = catalog.step_dir(run, 6) / catalog.WEIGHTS
     target.write_bytes(target.read_bytes()[:100])
-    rc = fleet(["train", "--resume", str(checkpoint.step_dir(run, 6)), "--run-dir", str(run)])
+    rc = fleet(["train", "--resume", str(catalog.step_dir(run, 6)), "--run-dir", str(run)])
     err = capsys.readouterr().err
     assert rc == 2
     assert "weights.safetensors" in err and "Traceback" not in err
@@ -172,7 +172,7 @@ def test_resume_refuses_a_different_run(interrupted, tmp_path, capsys, flags, wh
 
 
 def test_resume_refuses_a_different_dataset(interrupted, tmp_path, capsys):
-    from trainer.prepare import PrepareConfig, prepare
+    from trainer.data.prepare import PrepareConfig, prepare
 
     straight, _, _ = interrupted
     other = tmp_path / "other-data"
@@ -188,13 +188,13 @@ def test_orphaned_temporary_folders_are_cleared_and_ignored(tiny_data, tmp_path)
     ckpts = run / "checkpoints"
     orphan = ckpts / ".tmp-step-000009-12345"
     orphan.mkdir(parents=True)
-    (orphan / checkpoint.WEIGHTS).write_bytes(b"half")
+    (orphan / catalog.WEIGHTS).write_bytes(b"half")
     incomplete = ckpts / "step-000009"  # a folder without a manifest: never completed
     incomplete.mkdir()
-    assert checkpoint.complete(run) == []
+    assert catalog.complete(run) == []
     assert train(tiny_data, run, "--updates", "1") == 0
     assert not orphan.exists()
-    assert [p.name for p in checkpoint.complete(run)] == ["step-000001"]
+    assert [p.name for p in catalog.complete(run)] == ["step-000001"]
 
 
 def test_save_is_atomic_and_prunes(tmp_path):
@@ -202,7 +202,7 @@ def test_save_is_atomic_and_prunes(tmp_path):
     opt = {"step": mx.array(1, dtype=mx.uint64), "w": {"m": mx.zeros((2, 3))}}
     ident = {"architecture": {"d": 1}, "tokenizer": {}, "dataset": "x", "global_batch": {}}
     for step in (1, 2, 3, 4):
-        checkpoint.save(
+        store.save(
             tmp_path,
             step,
             params=params,
@@ -212,12 +212,12 @@ def test_save_is_atomic_and_prunes(tmp_path):
             identity=ident,
             keep=2,
         )
-    names = [p.name for p in checkpoint.complete(tmp_path)]
+    names = [p.name for p in catalog.complete(tmp_path)]
     assert names == ["step-000003", "step-000004"]
-    link = checkpoint.root(tmp_path) / checkpoint.LATEST
+    link = catalog.root(tmp_path) / catalog.LATEST
     assert os.readlink(link) == "step-000004"
-    assert not [p for p in checkpoint.root(tmp_path).iterdir() if p.name.startswith(".tmp-")]
-    loaded, opt_loaded = checkpoint.load_arrays(checkpoint.step_dir(tmp_path, 4))
+    assert not [p for p in catalog.root(tmp_path).iterdir() if p.name.startswith(".tmp-")]
+    loaded, opt_loaded = store.load_arrays(catalog.step_dir(tmp_path, 4))
     assert np.array_equal(np.array(loaded["w"]), np.array(params["w"]))
     assert int(opt_loaded["step"].item()) == 1
 
@@ -226,9 +226,9 @@ def test_replica_digest_sees_one_bit():
     a = {"w": mx.ones((4, 4))}
     b = {"w": mx.ones((4, 4)) + mx.array(1e-7)}
     c = {"w": mx.ones((4, 4), dtype=mx.bfloat16)}
-    assert checkpoint.replica_digest(a) == checkpoint.replica_digest({"w": mx.ones((4, 4))})
-    assert checkpoint.replica_digest(a) != checkpoint.replica_digest(b)
-    assert checkpoint.replica_digest(a) != checkpoint.replica_digest(c)
+    assert store.replica_digest(a) == store.replica_digest({"w": mx.ones((4, 4))})
+    assert store.replica_digest(a) != store.replica_digest(b)
+    assert store.replica_digest(a) != store.replica_digest(c)
 
 
 # --- crash-proof saves: a kill at any file operation (issue 11, defects 2-5) ---------------
@@ -237,7 +237,7 @@ IDENT = {"architecture": {"d": 1}, "tokenizer": {}, "dataset": "x", "global_batc
 
 def tiny_save(run: Path, step: int, version: str = "a", *, agree: bool = True, keep: int = 0):
     """A tiny checkpoint: weights depend on the step, state on the version (a rebalance)."""
-    return checkpoint.save(
+    return store.save(
         run,
         step,
         params={"w": mx.full((2, 3), float(step))},
@@ -317,13 +317,13 @@ def kill_every_operation(tmp_path: Path, keep: int):
 def verified_copies(run: Path) -> dict[int, set[str]]:
     """Every folder that verifies, whatever its name: {step: {versions}}."""
     found: dict[int, set[str]] = {}
-    folders = checkpoint.root(run).iterdir() if checkpoint.root(run).is_dir() else []
+    folders = catalog.root(run).iterdir() if catalog.root(run).is_dir() else []
     for p in folders:
         try:
-            manifest = checkpoint.verify(p)
-        except checkpoint.CheckpointError:
+            manifest = catalog.verify(p)
+        except catalog.CheckpointError:
             continue
-        version = checkpoint.read_json(p, checkpoint.STATE)["version"]
+        version = catalog.read_json(p, catalog.STATE)["version"]
         found.setdefault(manifest["step"], set()).add(version)
     return found
 
@@ -338,35 +338,35 @@ def test_a_kill_at_any_file_operation_keeps_the_newest_checkpoint(tmp_path, keep
         last = [(s, v) for s, v, agree in done if agree][-1:]
         newest = last[0][0] if last else None  # the last save that returned, not the top step
         if newest is None:
-            with contextlib.suppress(checkpoint.CheckpointError):
-                checkpoint.resolve(run, "latest")
+            with contextlib.suppress(catalog.CheckpointError):
+                catalog.resolve(run, "latest")
             continue
         # at the instant of the kill a complete, verified copy of the newest one exists (or
         # of the one being saved: a kill while pruning comes after its folder is in place)
         assert newest in before or (flying[2] and flying[0] in before), where
-        link = checkpoint.root(run) / checkpoint.LATEST
+        link = catalog.root(run) / catalog.LATEST
         named = os.readlink(link) if link.is_symlink() else None
-        path, manifest, warnings = checkpoint.resolve(run, "latest")
-        version = checkpoint.read_json(path, checkpoint.STATE)["version"]
+        path, manifest, warnings = catalog.resolve(run, "latest")
+        version = catalog.read_json(path, catalog.STATE)["version"]
         allowed = set(last) | ({flying[:2]} if flying[2] else set())
         assert (manifest["step"], version) in allowed, where
         assert manifest["replicas_agree"] is True, where
         if named != path.name:  # `latest` did not name it: a warning says what was taken
             assert any(path.name in w for w in warnings), (where, warnings)
         # start-up clean-up (after the resolve, as `fleet train` does) loses nothing verified
-        checkpoint.clear_orphans(run)
-        checkpoint.verify(path)
+        catalog.clear_orphans(run)
+        catalog.verify(path)
         after = verified_copies(run)
         for step in before:
-            assert checkpoint.verify(checkpoint.step_dir(run, step))["step"] == step, where
+            assert catalog.verify(catalog.step_dir(run, step))["step"] == step, where
         assert set(after) == set(before), where
-        assert checkpoint.resolve(run, "latest")[0] == path, where
+        assert catalog.resolve(run, "latest")[0] == path, where
     assert kills > 150
 
 
 def test_saving_a_step_again_unchanged_renames_nothing(tmp_path, monkeypatch):
     tiny_save(tmp_path, 1)
-    folder = checkpoint.step_dir(tmp_path, 1)
+    folder = catalog.step_dir(tmp_path, 1)
     inode = folder.stat().st_ino
     renames = []
     real = os.rename
@@ -374,27 +374,27 @@ def test_saving_a_step_again_unchanged_renames_nothing(tmp_path, monkeypatch):
     tiny_save(tmp_path, 1, keep=1)
     assert not [r for r in renames if Path(r[0]).name == folder.name]
     assert folder.stat().st_ino == inode
-    checkpoint.verify(folder)
-    assert checkpoint.clear_orphans(tmp_path) == []
+    catalog.verify(folder)
+    assert catalog.clear_orphans(tmp_path) == []
 
 
 def test_a_step_saved_again_with_another_state_replaces_it(tmp_path):
     tiny_save(tmp_path, 1)
     tiny_save(tmp_path, 1, "rebalanced")
-    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
-    assert checkpoint.read_json(path, checkpoint.STATE)["version"] == "rebalanced"
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
+    assert catalog.read_json(path, catalog.STATE)["version"] == "rebalanced"
     assert warnings == []
-    assert not [p for p in checkpoint.root(tmp_path).iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in catalog.root(tmp_path).iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_latest_left_behind_by_a_kill_resolves_to_the_newer_checkpoint(tmp_path, monkeypatch):
     tiny_save(tmp_path, 1)
     with monkeypatch.context() as mp:
-        mp.setattr(checkpoint, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
+        mp.setattr(store, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             tiny_save(tmp_path, 2)
-    assert os.readlink(checkpoint.root(tmp_path) / checkpoint.LATEST) == "step-000001"
-    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    assert os.readlink(catalog.root(tmp_path) / catalog.LATEST) == "step-000001"
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000002"
     assert any("step-000001" in w and "resuming from step-000002" in w for w in warnings)
 
@@ -403,9 +403,9 @@ def test_a_run_resumed_from_an_older_step_keeps_its_own_latest(tmp_path):
     for step in (1, 2, 3):
         tiny_save(tmp_path, step)
     tiny_save(tmp_path, 2, "branch")  # resumed from step 1 with other settings: step 2 differs
-    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000002" and warnings == []
-    assert checkpoint.read_json(path, checkpoint.STATE)["version"] == "branch"
+    assert catalog.read_json(path, catalog.STATE)["version"] == "branch"
 
 
 def test_an_older_step_saved_again_unchanged_is_still_the_last_save(tmp_path, monkeypatch):
@@ -413,10 +413,10 @@ def test_an_older_step_saved_again_unchanged_is_still_the_last_save(tmp_path, mo
     tiny_save(tmp_path, 2)
     tiny_save(tmp_path, 3, "rebalanced")
     with monkeypatch.context() as mp:  # resumed from step 1, step 2 replayed bit for bit
-        mp.setattr(checkpoint, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
+        mp.setattr(store, "point_latest", lambda *a: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             tiny_save(tmp_path, 2)
-    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000002"
     assert any("saved after it" in w and "resuming from step-000002" in w for w in warnings)
 
@@ -424,53 +424,51 @@ def test_an_older_step_saved_again_unchanged_is_still_the_last_save(tmp_path, mo
 def test_clear_orphans_adopts_a_verified_copy_left_between_renames(tmp_path):
     tiny_save(tmp_path, 1)
     tiny_save(tmp_path, 2)
-    ckpts = checkpoint.root(tmp_path)
+    ckpts = catalog.root(tmp_path)
     parked = ckpts / ".tmp-old-step-000002-999"
-    os.rename(checkpoint.step_dir(tmp_path, 2), parked)  # the kill between a re-save's renames
-    assert checkpoint.clear_orphans(tmp_path) == []
+    os.rename(catalog.step_dir(tmp_path, 2), parked)  # the kill between a re-save's renames
+    assert catalog.clear_orphans(tmp_path) == []
     assert not parked.exists()
-    assert checkpoint.resolve(tmp_path, "latest")[0].name == "step-000002"
+    assert catalog.resolve(tmp_path, "latest")[0].name == "step-000002"
     # reported by adopt when start-up asks first
-    os.rename(checkpoint.step_dir(tmp_path, 2), parked)
-    assert [(a.name, b.name) for a, b in checkpoint.adopt(tmp_path)] == [
-        (parked.name, "step-000002")
-    ]
+    os.rename(catalog.step_dir(tmp_path, 2), parked)
+    assert [(a.name, b.name) for a, b in catalog.adopt(tmp_path)] == [(parked.name, "step-000002")]
 
 
 def test_clear_orphans_keeps_the_newer_copy_and_removes_a_duplicate(tmp_path):
     tiny_save(tmp_path, 1)
-    ckpts = checkpoint.root(tmp_path)
-    shutil.copytree(checkpoint.step_dir(tmp_path, 1), ckpts / ".tmp-step-000001-999")
-    assert [p.name for p in checkpoint.clear_orphans(tmp_path)] == [".tmp-step-000001-999"]
+    ckpts = catalog.root(tmp_path)
+    shutil.copytree(catalog.step_dir(tmp_path, 1), ckpts / ".tmp-step-000001-999")
+    assert [p.name for p in catalog.clear_orphans(tmp_path)] == [".tmp-step-000001-999"]
     # a verified copy beside a corrupt folder of its step takes its place
     tiny_save(tmp_path, 2)
-    shutil.copytree(checkpoint.step_dir(tmp_path, 2), ckpts / ".tmp-step-000002-999")
-    (checkpoint.step_dir(tmp_path, 2) / checkpoint.WEIGHTS).write_bytes(b"rot")
-    removed = checkpoint.clear_orphans(tmp_path)
+    shutil.copytree(catalog.step_dir(tmp_path, 2), ckpts / ".tmp-step-000002-999")
+    (catalog.step_dir(tmp_path, 2) / catalog.WEIGHTS).write_bytes(b"rot")
+    removed = catalog.clear_orphans(tmp_path)
     assert [p.name for p in removed] == [f".tmp-corrupt-step-000002-{os.getpid()}"]
-    checkpoint.verify(checkpoint.step_dir(tmp_path, 2))
+    catalog.verify(catalog.step_dir(tmp_path, 2))
 
 
 def two_checkpoints(run: Path) -> Path:
     """Steps 1 and 2; returns the newest one's manifest path."""
     tiny_save(run, 1)
     tiny_save(run, 2)
-    return checkpoint.step_dir(run, 2) / checkpoint.MANIFEST
+    return catalog.step_dir(run, 2) / catalog.MANIFEST
 
 
 def assert_falls_back(run: Path) -> None:
-    path, _, warnings = checkpoint.resolve(run, "latest")
+    path, _, warnings = catalog.resolve(run, "latest")
     assert path.name == "step-000001"
     assert any("skipping step-000002" in w for w in warnings), warnings
     assert any("resuming from step-000001" in w for w in warnings), warnings
 
 
 MALFORMED = {
-    "entry without size": lambda m: m["files"][checkpoint.WEIGHTS].pop("size"),
-    "entry without sha256": lambda m: m["files"][checkpoint.STATE].pop("sha256"),
-    "size as a string": lambda m: m["files"][checkpoint.STATE].update(size="12"),
+    "entry without size": lambda m: m["files"][catalog.WEIGHTS].pop("size"),
+    "entry without sha256": lambda m: m["files"][catalog.STATE].pop("sha256"),
+    "size as a string": lambda m: m["files"][catalog.STATE].update(size="12"),
     "files as a list": lambda m: m.update(files=list(m["files"].values())),
-    "entry as a string": lambda m: m["files"].update({checkpoint.CONFIG: "deadbeef"}),
+    "entry as a string": lambda m: m["files"].update({catalog.CONFIG: "deadbeef"}),
     "no files": lambda m: m.pop("files"),
     "no step": lambda m: m.pop("step"),
     "another step": lambda m: m.update(step=7),
@@ -489,8 +487,8 @@ def test_malformed_manifest_is_corrupt_and_latest_falls_back(tmp_path, damage, s
     elif sign == "digest redone":
         manifest["digest"] = manifest_digest(manifest)
     where.write_text(json.dumps(manifest))
-    with pytest.raises(checkpoint.CheckpointError, match="manifest"):
-        checkpoint.verify(where.parent)
+    with pytest.raises(catalog.CheckpointError, match="manifest"):
+        catalog.verify(where.parent)
     assert_falls_back(tmp_path)
 
 
@@ -498,8 +496,8 @@ def test_malformed_manifest_is_corrupt_and_latest_falls_back(tmp_path, damage, s
 def test_manifest_that_is_not_an_object_is_corrupt(tmp_path, text):
     where = two_checkpoints(tmp_path)
     where.write_bytes(text.encode("latin-1"))
-    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
-        checkpoint.verify(where.parent)
+    with pytest.raises(catalog.CheckpointError, match="corrupt"):
+        catalog.verify(where.parent)
     assert_falls_back(tmp_path)
 
 
@@ -519,8 +517,8 @@ def test_a_damaged_manifest_field_fails_its_digest(tmp_path, field, value):
     manifest = json.loads(where.read_text())
     manifest[field] = value
     where.write_text(json.dumps(manifest))
-    with pytest.raises(checkpoint.CheckpointError, match="own digest"):
-        checkpoint.verify(where.parent)
+    with pytest.raises(catalog.CheckpointError, match="own digest"):
+        catalog.verify(where.parent)
     assert_falls_back(tmp_path)
 
 
@@ -534,8 +532,8 @@ def flip_trials(tmp_path: Path, flips) -> None:
         damage(data)
         where.write_bytes(bytes(data))
         try:
-            path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
-        except checkpoint.CheckpointError as e:  # allowed, but step 1 is intact: never expected
+            path, manifest, warnings = catalog.resolve(tmp_path, "latest")
+        except catalog.CheckpointError as e:  # allowed, but step 1 is intact: never expected
             raise AssertionError(f"trial {n}: no fallback: {e}") from None
         if path.name == "step-000002":  # only a change that reads as the very same manifest
             assert manifest == parsed, f"trial {n}: took the damaged manifest"
@@ -570,14 +568,14 @@ def test_random_byte_damage_in_the_manifest_falls_back(tmp_path):
 
 def test_a_format_1_checkpoint_is_accepted_with_a_warning(tmp_path):
     where = two_checkpoints(tmp_path)
-    for p in (where, checkpoint.step_dir(tmp_path, 1) / checkpoint.MANIFEST):
+    for p in (where, catalog.step_dir(tmp_path, 1) / catalog.MANIFEST):
         manifest = json.loads(p.read_text())
         for key in ("digest", "serial"):
             manifest.pop(key)
         p.write_text(json.dumps({**manifest, "format": 1}))
-    path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
+    path, manifest, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000002" and manifest["format"] == 1
     assert any("step-000002" in w and "no digest of its own" in w for w in warnings)
     tiny_save(tmp_path, 3)  # a new save in an old run directory is the newest
-    path, _, warnings = checkpoint.resolve(tmp_path, "latest")
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000003" and warnings == []

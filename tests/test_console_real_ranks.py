@@ -18,7 +18,7 @@ from telemetry.client import TelemetryClient
 from tests.conftest import free_port, spawn_launch
 from tests.console_fakes import log_text, until
 from tests.console_sshd import sshd_missing
-from trainer import checkpoint
+from trainer.checkpoint import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,5 +131,5 @@ def test_console_pauses_and_checkpoints_a_real_run_over_ssh(tmp_path, sshd, run,
             await pilot.press("q")
 
     asyncio.run(scenario())
-    path, manifest, _ = checkpoint.resolve(run_dir, "latest")
+    path, manifest, _ = catalog.resolve(run_dir, "latest")
     assert manifest["replicas_agree"] is True and manifest["world_size"] == 2

@@ -13,7 +13,7 @@ from telemetry.auth import read_key
 from telemetry.client import TelemetryClient
 from telemetry.errors import TelemetryError
 from tests.conftest import spawn_launch
-from trainer import checkpoint
+from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +65,8 @@ def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
 
         saved = ctl.command("checkpoint", timeout=60)  # works while paused
         assert saved.ok and saved.result["step"] == at
-        assert Path(saved.result["path"]) == checkpoint.step_dir(run, at)
-        checkpoint.verify(saved.result["path"])
+        assert Path(saved.result["path"]) == catalog.step_dir(run, at)
+        catalog.verify(saved.result["path"])
 
         bad = ctl.command("rebalance", {"split": [2, 2, 3]})
         assert not bad.ok and "global batch" in bad.error
@@ -90,7 +90,7 @@ def test_pause_checkpoint_rebalance_stop(tiny_data, tmp_path, port_base):
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-2000:]
-    final = checkpoint.resolve(run, "latest")[0]
+    final = catalog.resolve(run, "latest")[0]
     assert final.name == f"step-{stopped.result['step']:06d}"
     state = json.loads((final / "state.json").read_text())
     assert state["split"] == [2, 2, 2]  # the rebalance is part of the saved state

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import fleet_env
-from trainer.data import (
+from trainer.data.dataset import (
     Dataset,
     DatasetError,
     SampleOrder,
@@ -20,7 +20,7 @@ from trainer.data import (
     TrainStream,
     val_batches,
 )
-from trainer.prepare import PrepareConfig, prepare
+from trainer.data.prepare import PrepareConfig, prepare
 
 SPLITS = [[6], [3, 2, 1], [1, 2, 3], [2, 2, 2]]
 
@@ -236,13 +236,18 @@ def test_a_huge_order_is_built_a_window_at_a_time():
 
 
 def test_reading_data_never_imports_mlx():
-    code = "import sys, trainer.data, trainer.prepare; sys.exit('mlx' in sys.modules)"
+    code = "import sys, trainer.data.dataset, trainer.data.prepare; sys.exit('mlx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def test_reading_data_never_imports_the_writer():
-    writer = ["trainer.prepare", "trainer.sources", "trainer.packer", "trainer.shard_writer"]
-    code = f"import sys, trainer.data; print(sorted(set({writer!r}) & set(sys.modules)))"
+    writer = [
+        "trainer.data.prepare",
+        "trainer.data.sources",
+        "trainer.data.packer",
+        "trainer.data.shard_writer",
+    ]
+    code = f"import sys, trainer.data.dataset; print(sorted(set({writer!r}) & set(sys.modules)))"
     run = subprocess.run(
         [sys.executable, "-c", code], env=fleet_env(), capture_output=True, text=True, check=True
     )

@@ -11,7 +11,7 @@ import pytest
 
 from telemetry.arrowlog import read_updates
 from tests.conftest import run_fleet
-from trainer import checkpoint
+from trainer.checkpoint import catalog, store
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(small_disk):
     assert "stopped at update 6 without a checkpoint of it" in err
     assert proc.returncode == 1 and "Traceback" not in err
     assert not [p for p in os.listdir(run / "checkpoints") if p.startswith(".tmp-")]
-    path, _, _ = checkpoint.resolve(run, "latest")  # the previous one, untouched
+    path, _, _ = catalog.resolve(run, "latest")  # the previous one, untouched
     assert path.name == "step-000002"
     assert read_updates(run, 0).num_rows == 6  # every update is in the telemetry log
 
@@ -64,7 +64,7 @@ def test_on_checkpoint_error_stop_ends_the_run_at_the_next_update(small_disk):
     assert "stopping at the next update" in proc.stderr
     assert proc.returncode == 1
     assert read_updates(run, 0).num_rows == 4  # stopped at update 4's boundary, not 20
-    assert checkpoint.resolve(run, "latest")[0].name == "step-000002"
+    assert catalog.resolve(run, "latest")[0].name == "step-000002"
 
 
 def test_a_write_that_fails_midway_leaves_no_partial(tmp_path, monkeypatch):
@@ -76,8 +76,8 @@ def test_a_write_that_fails_midway_leaves_no_partial(tmp_path, monkeypatch):
         raise RuntimeError("[write] Unable to write 51890 bytes to file.")
 
     monkeypatch.setattr(mx, "save_safetensors", full)
-    with pytest.raises(checkpoint.NoSpace, match="could not write checkpoint step-000001 in"):
-        checkpoint.save(
+    with pytest.raises(catalog.NoSpace, match="could not write checkpoint step-000001 in"):
+        store.save(
             tmp_path,
             1,
             params={"w": mx.zeros((4,))},
@@ -86,4 +86,4 @@ def test_a_write_that_fails_midway_leaves_no_partial(tmp_path, monkeypatch):
             config={},
             identity={},
         )
-    assert os.listdir(checkpoint.root(tmp_path)) == []
+    assert os.listdir(catalog.root(tmp_path)) == []

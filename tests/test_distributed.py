@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import fleet_env, free_port, launch_args, run_fleet, spawn_launch
-from trainer import checkpoint
+from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
 TINY = [
@@ -44,7 +44,7 @@ def single(data: Path, run: Path, *train_args: str):
 
 
 def weights(run: Path, step: int) -> dict[str, np.ndarray]:
-    path = checkpoint.step_dir(run, step) / checkpoint.WEIGHTS
+    path = catalog.step_dir(run, step) / catalog.WEIGHTS
     return {k: np.array(v) for k, v in mx.load(str(path)).items()}
 
 
@@ -186,7 +186,8 @@ def test_a_stalled_rank_trips_the_watchdog(tiny_data, tmp_path):
 def test_bench_balance_measures_scaling_and_allreduce_bandwidth(tmp_path):
     import json
 
-    from trainer.model import GPT, ModelConfig
+    from trainer.model.config import ModelConfig
+    from trainer.model.gpt import GPT
 
     proc = run_fleet(
         *("bench", "balance", "-n", "2", "--variant", "2,2", "--scaling", "--json"),

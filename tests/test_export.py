@@ -18,11 +18,12 @@ from mlx.utils import tree_flatten
 from fleet.cli import main as fleet
 from tests.conftest import fleet_env
 from tests.tiny_run import fails, train_tiny
-from trainer import trained
-from trainer.export import export, mlx_lm_config, mlx_lm_weights
-from trainer.model import GPT, ModelConfig
-from trainer.prepare import PrepareConfig, prepare
-from trainer.tokenizer import ByteTokenizer, HFTokenizer, byte_tokenizer_json
+from trainer.data.prepare import PrepareConfig, prepare
+from trainer.data.tokenizer import ByteTokenizer, HFTokenizer, byte_tokenizer_json
+from trainer.model import trained
+from trainer.model.config import ModelConfig
+from trainer.model.export import export, mlx_lm_config, mlx_lm_weights
+from trainer.model.gpt import GPT
 
 mlx_lm = pytest.importorskip("mlx_lm")  # the `export` extra; in `dev` too
 transformers = pytest.importorskip("transformers")
@@ -42,7 +43,7 @@ def exported(run, tmp_path_factory) -> Path:
 
 def val_rows(data: Path, n: int = 4) -> mx.array:
     """Token rows the model did not train on, from the dataset's held-out shards."""
-    from trainer.data import Dataset
+    from trainer.data.dataset import Dataset
 
     ds = Dataset.open(data)
     rows = np.concatenate([ds.read_group(g) for g in ds.val_groups])[:n, :-1]
@@ -75,7 +76,7 @@ def test_the_rotary_conversion_is_needed(run, tiny_data):
 
 
 def test_mlx_lm_generate_gives_our_greedy_text(run, exported):
-    from trainer.generate import generate_ids
+    from trainer.model.generate import generate_ids
 
     model, tok = mlx_lm.load(str(exported))
     text = mlx_lm.generate(model, tok, "def ", max_tokens=24)  # greedy by default
@@ -237,7 +238,7 @@ def test_synthetic_run_has_no_tokenizer(tmp_path, capsys):
 def _copy_checkpoint(run: Path, dest: Path, **arch) -> Path:
     """A copy of run's latest checkpoint whose manifest records `arch` changes (sealed with
     the manifest's own digest again: a well-formed checkpoint of another model, not damage)."""
-    from trainer import manifest as mf
+    from trainer.checkpoint import manifest as mf
 
     shutil.copytree((run / "checkpoints" / "latest").resolve(), dest)
     manifest = json.loads((dest / "manifest.json").read_text())

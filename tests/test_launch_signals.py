@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from tests.test_distributed import rank_pid, start, wait_for_updates
-from trainer import checkpoint, heartbeat
+from trainer import heartbeat
+from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +43,8 @@ def test_a_signal_to_fleet_launch_stops_every_rank_with_a_checkpoint(tiny_data, 
     assert proc.returncode == 128 + signum, err[-3000:]
     assert f"stopped on {signal.Signals(signum).name}: the ranks stopped" in err
     # a stop at a boundary: the newest checkpoint is verified and latest, the run resumable
-    path, _, _ = checkpoint.resolve(run, "latest")
-    assert checkpoint.read_json(path, checkpoint.STATE)["step"] > 0
+    path, _, _ = catalog.resolve(run, "latest")
+    assert catalog.read_json(path, catalog.STATE)["step"] > 0
     assert "Traceback" not in err
     time.sleep(0.5)
     assert run_processes(run) == []

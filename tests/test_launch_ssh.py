@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import fleet_env, free_port
 from tests.console_sshd import sshd_missing
 from tests.test_distributed import TINY, assert_same_weights, single, weights
-from trainer import checkpoint
+from trainer.checkpoint import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,8 +157,8 @@ def test_a_host_lost_for_the_relaunch_is_left_out_with_the_same_global_batch(
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "mac-c cannot be reached: going on with 2 rank(s)" in err
-    path, _, _ = checkpoint.resolve(run, "latest")
-    state = checkpoint.read_json(path, checkpoint.STATE)
+    path, _, _ = catalog.resolve(run, "latest")
+    state = catalog.read_json(path, catalog.STATE)
     assert state["step"] == 8 and sum(state["split"]) == 6 and len(state["split"]) == 2
     assert_same_weights(weights(tmp_path / "whole", 8), weights(run, 8))
 

@@ -10,7 +10,8 @@ from mlx.utils import tree_flatten
 
 from tests.test_distributed import assert_same_weights, launch, single, weights
 from trainer.config import TrainConfig
-from trainer.model import GPT, ModelConfig
+from trainer.model.config import ModelConfig
+from trainer.model.gpt import GPT
 from trainer.optim import MuonAdamW, make_optimizer
 
 MUON = ("--optimizer", "muon")

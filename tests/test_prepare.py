@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from telemetry.files import replace_dir
-from trainer import prepare as prep
-from trainer.packer import is_val_row
-from trainer.tokenizer import BYTE_EOS, BYTE_PAD, ByteTokenizer, TokenizerError, load_tokenizer
+from trainer.data import prepare as prep
+from trainer.data.packer import is_val_row
+from trainer.data.tokenizer import BYTE_EOS, BYTE_PAD, ByteTokenizer, TokenizerError, load_tokenizer
 
 DOCS = [
     "The quick brown fox jumps over the lazy dog.\n" * 3,

@@ -9,7 +9,7 @@ import pytest
 
 from telemetry.control import CommandQueue
 from telemetry.split import problems
-from trainer import checkpoint
+from trainer.checkpoint import catalog, store
 from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.distributed import Cluster
@@ -39,23 +39,23 @@ def test_replica_mismatch_names_the_rank_and_keeps_latest(tmp_path, capsys):
     cfg = _tiny(run, updates=4, checkpoint_every=2)
     honest = train(cfg, Cluster(FakeGroup()))
     assert honest == 0
-    assert checkpoint.resolve(run, "latest")[0].name == "step-000004"
+    assert catalog.resolve(run, "latest")[0].name == "step-000004"
 
     cfg.updates = 6
-    path, _, _ = checkpoint.resolve(run, "latest")
+    path, _, _ = catalog.resolve(run, "latest")
     rc = train(cfg, DisagreeingCluster(FakeGroup()), resume=path)
     err = capsys.readouterr().err
     assert rc == 4
     assert "rank(s) [2] differ" in err
     # the disagreeing checkpoint exists but is never `latest`, nor chosen by a resume
-    assert checkpoint.step_dir(run, 6).exists()
-    found, _, warnings = checkpoint.resolve(run, "latest")
+    assert catalog.step_dir(run, 6).exists()
+    found, _, warnings = catalog.resolve(run, "latest")
     assert found.name == "step-000004"
 
 
 def test_a_disagreeing_checkpoint_is_never_taken_even_without_latest(tmp_path):
     def save(step: int, agree: bool) -> None:
-        checkpoint.save(
+        store.save(
             tmp_path,
             step,
             params={"w": mx.full((2,), float(step))},
@@ -68,20 +68,20 @@ def test_a_disagreeing_checkpoint_is_never_taken_even_without_latest(tmp_path):
 
     save(4, True)
     save(6, False)  # the newest save, by step and by serial
-    link = checkpoint.root(tmp_path) / checkpoint.LATEST
+    link = catalog.root(tmp_path) / catalog.LATEST
     for damage in ("none", "dangling", "missing"):
         if damage == "dangling":
             link.unlink()
             link.symlink_to("step-000008")
         elif damage == "missing":
             link.unlink()
-        path, manifest, warnings = checkpoint.resolve(tmp_path, "latest")
+        path, manifest, warnings = catalog.resolve(tmp_path, "latest")
         assert path.name == "step-000004" and manifest["replicas_agree"] is True, damage
         assert any("step-000006" in w and "disagreed" in w for w in warnings), damage
         if damage != "none":
             assert any("resuming from step-000004" in w for w in warnings), damage
-    assert checkpoint.clear_orphans(tmp_path) == []
-    assert checkpoint.step_dir(tmp_path, 6).exists()  # kept for inspection, never latest
+    assert catalog.clear_orphans(tmp_path) == []
+    assert catalog.step_dir(tmp_path, 6).exists()  # kept for inspection, never latest
 
 
 def test_controller_refuses_before_broadcasting():
@@ -155,7 +155,7 @@ def test_an_explicit_resume_of_a_disagreeing_checkpoint_needs_a_flag(tmp_path):
 
     run = tmp_path / "run"
     assert train(_tiny(run, updates=2, checkpoint_every=2), DisagreeingCluster(FakeGroup())) == 4
-    path = str(checkpoint.step_dir(run, 2))
+    path = str(catalog.step_dir(run, 2))
     args = ("train", "--resume", path, "--run-dir", str(run), "--updates", "3")
     refused = run_fleet(*args, check=False)
     assert refused.returncode == 2

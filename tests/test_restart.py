@@ -13,11 +13,12 @@ import pytest
 from telemetry.arrowlog import read_events
 from tests.conftest import run_fleet
 from tests.test_distributed import TINY, assert_same_weights, rank_pid, single, weights
-from trainer import checkpoint, restart
+from trainer.checkpoint import catalog
+from trainer.launch import restart
 
 
 def newest_step(run) -> int:
-    done = checkpoint.complete(run) if (run / "checkpoints").is_dir() else []
+    done = catalog.complete(run) if (run / "checkpoints").is_dir() else []
     return max((int(p.name.split("-")[1]) for p in done), default=0)
 
 

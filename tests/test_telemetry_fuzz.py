@@ -19,7 +19,7 @@ from bench import synthetic
 from telemetry import auth, protocol
 from telemetry.client import TelemetryClient
 from telemetry.control import CommandQueue
-from telemetry.hub import ANY_PORT, Hub
+from telemetry.hub import ANY_PORT, Hub, ServerOptions
 from telemetry.records import COMMANDS, Update
 
 KEY = bytes(range(32))
@@ -107,7 +107,7 @@ def live(tmp_path_factory):
         port=ANY_PORT,
         commands=queue,
         key=KEY,
-        flush_interval=0,  # each record at once: the checks wait for one
+        options=ServerOptions(flush_interval=0),  # each record at once: the checks wait for one
     )
     hub.start()
     yield hub, queue, errors, itertools.count(1)

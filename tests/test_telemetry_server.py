@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,8 +27,10 @@ from telemetry.errors import (
     TelemetryError,
 )
 from telemetry.framing import Decoder
-from telemetry.hub import ANY_PORT, ConnectionLimits, Hub, unix_socket_path
+from telemetry.hub import ANY_PORT, ConnectionLimits, Hub, ServerOptions, unix_socket_path
 from telemetry.records import EVENT_KINDS, Dropped, Event, Reply, Update
+
+SERVER_OPTIONS = {f.name for f in dataclasses.fields(ServerOptions)}
 
 
 @pytest.fixture
@@ -38,7 +41,9 @@ def make_hub(tmp_path):
         kw.setdefault("port", ANY_PORT)
         kw.setdefault("log", False)
         kw.setdefault("flush_interval", 0)  # each record at once: keeps the tests quick
-        hub = Hub(run_dir=tmp_path, hello=synthetic.hello(rank, world), **kw).start()
+        options = ServerOptions(**{k: kw.pop(k) for k in list(kw) if k in SERVER_OPTIONS})
+        hub = Hub(run_dir=tmp_path, hello=synthetic.hello(rank, world), options=options, **kw)
+        hub = hub.start()
         hubs.append(hub)
         return hub
 
@@ -273,7 +278,13 @@ def test_port_taken_names_port_and_rank(make_hub, tmp_path):
 
 
 def test_non_loopback_bind_needs_allow_remote(tmp_path):
-    hub = Hub(run_dir=tmp_path, hello=synthetic.hello(), port=ANY_PORT, bind="0.0.0.0", log=False)
+    hub = Hub(
+        run_dir=tmp_path,
+        hello=synthetic.hello(),
+        port=ANY_PORT,
+        options=ServerOptions(bind="0.0.0.0"),
+        log=False,
+    )
     with pytest.raises(TelemetryError, match="allow_remote"):
         hub.start()
 

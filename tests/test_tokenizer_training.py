@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import run_fleet
 from tests.test_prepare import DOCS, read_rows, run, small, text_corpus
-from trainer import bpe
-from trainer.tokenizer import TokenizerError, identity_digest_part, load_tokenizer
+from trainer.data import bpe
+from trainer.data.tokenizer import TokenizerError, identity_digest_part, load_tokenizer
 
 pytest.importorskip("tokenizers")
 
@@ -182,9 +182,9 @@ def test_training_without_the_library_says_how_to_install(tmp_path, capsys, monk
 def test_a_moved_dataset_finds_its_trained_tokenizer(tmp_path):
     import shutil
 
-    from trainer.data import Dataset
-    from trainer.prepare import PrepareConfig, prepare
-    from trainer.tokenizer import load_tokenizer
+    from trainer.data.dataset import Dataset
+    from trainer.data.prepare import PrepareConfig, prepare
+    from trainer.data.tokenizer import load_tokenizer
 
     src = tmp_path / "corpus"
     src.mkdir()

@@ -1,1 +1,7 @@
-"""The data-parallel MLX trainer: data, model, optimizer, checkpoints and the training loop."""
+"""The data-parallel MLX trainer. The loop and its nouns sit here, where a reader looks first:
+`train.py` (the loop, top to bottom), `config.py`, `run.py`, `step.py`, `controller.py`,
+`commands.py`, `autopilot.py`, `alerts.py`, `distributed.py`, `optim.py`, `memory.py`.
+
+The wings, each with its own rules (see its docstring): `data/` (no mlx), `model/`,
+`checkpoint/`, `launch/` (no mlx.core).
+"""

@@ -11,12 +11,12 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.trained import Trained
+    from trainer.model.trained import Trained
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
     if name == "prepare":
-        from trainer.prepare import add_arguments
+        from trainer.data.prepare import add_arguments
 
         add_arguments(parser)
     elif name == "train":
@@ -29,11 +29,11 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         )
         add_arguments(parser)
     elif name == "launch":
-        from trainer.launch import add_arguments
+        from trainer.launch.launcher import add_arguments
 
         add_arguments(parser)
     elif name == "check":
-        from trainer.check import add_arguments
+        from trainer.launch.check import add_arguments
 
         add_arguments(parser)
     elif name == "export":
@@ -44,17 +44,21 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
 
 def run(name: str, args: argparse.Namespace) -> int:
     if name == "prepare":
-        from trainer.prepare import main
+        from trainer.data.prepare import main
 
         return main(args)
     if name == "train":
         return train(args)
     if name == "launch":
-        from trainer.launch import main
+        from trainer.launch.launcher import main
 
         return main(args)
     if name == "check":
-        from trainer.check import main
+        if args.probe_rank:  # one rank of the check's probe, started by mlx.launch
+            from trainer.probe import probe_rank
+
+            return probe_rank(args.probe_rank)
+        from trainer.launch.check import main
 
         return main(args)
     if name in ("export", "sample"):
@@ -65,11 +69,11 @@ def run(name: str, args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
-    from trainer import checkpoint
+    from trainer.checkpoint import catalog
     from trainer.config import FIELDS, ConfigError, explicit, from_args
-    from trainer.data import DatasetError
+    from trainer.data.dataset import DatasetError
+    from trainer.data.tokenizer import TokenizerError
     from trainer.distributed import Cluster, WrongGroup
-    from trainer.tokenizer import TokenizerError
     from trainer.train import train as loop
 
     try:
@@ -90,7 +94,7 @@ def train(args: argparse.Namespace) -> int:
         which = given.get("resume", "")
         if which:
             run_dir = given.get("run_dir") or FIELDS["run_dir"].default
-            resume_path, manifest, warnings = checkpoint.resolve(run_dir, which)
+            resume_path, manifest, warnings = catalog.resolve(run_dir, which)
             for w in warnings:
                 print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
             if manifest.get("replicas_agree") is False:
@@ -104,7 +108,7 @@ def train(args: argparse.Namespace) -> int:
                     f"{who}: warning: resuming {resume_path}, whose replicas disagreed",
                     file=sys.stderr,
                 )
-            base = checkpoint.read_json(resume_path, checkpoint.CONFIG)
+            base = catalog.read_json(resume_path, catalog.CONFIG)
             # A resumed run keeps the checkpoint's settings, except how this session ends.
             session = ("stop_at", "resume_disagreeing")
             base = {k: v for k, v in base.items() if k in FIELDS and k not in session}
@@ -122,7 +126,7 @@ def train(args: argparse.Namespace) -> int:
         return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
     except (
         ConfigError,
-        checkpoint.CheckpointError,
+        catalog.CheckpointError,
         DatasetError,
         TokenizerError,
         TelemetryError,
@@ -220,11 +224,11 @@ def sample_arguments(parser: argparse.ArgumentParser) -> None:
 
 def trained_command(name: str, args: argparse.Namespace) -> int:
     """`fleet export` or `fleet sample`: find the checkpoint, then write or generate."""
-    from trainer import trained
-    from trainer.checkpoint import CheckpointError
-    from trainer.dataset_format import DatasetError
-    from trainer.export import ExportError
-    from trainer.tokenizer import TokenizerError
+    from trainer.checkpoint.catalog import CheckpointError
+    from trainer.data.dataset_format import DatasetError
+    from trainer.data.tokenizer import TokenizerError
+    from trainer.model import trained
+    from trainer.model.export import ExportError
 
     if getattr(args, "tokens", 0) < 0:
         print(f"fleet {name}: error: --tokens {args.tokens}: give 0 or more", file=sys.stderr)
@@ -241,7 +245,7 @@ def trained_command(name: str, args: argparse.Namespace) -> int:
 
 
 def export_model(model: Trained, args: argparse.Namespace) -> int:
-    from trainer.export import export
+    from trainer.model.export import export
 
     out = export(
         model, args.out, dtype=args.dtype, force=args.force, tokenizer=args.tokenizer or None
@@ -254,7 +258,7 @@ def export_model(model: Trained, args: argparse.Namespace) -> int:
 
 
 def sample(model: Trained, args: argparse.Namespace) -> int:
-    from trainer.generate import stream
+    from trainer.model.generate import stream
 
     tokenizer, gpt = model.tokenizer(args.tokenizer or None), model.model()
     prompt = args.prompt if args.prompt is not None else model.train_config().get("prompt", "")
@@ -287,7 +291,7 @@ def schedule_note(base: dict, cfg, given: dict, resume_path) -> str:
     `--resume latest --updates 40` on a run planned for 30 stretches the schedule: the rate
     at the checkpoint jumps (2.05e-4 -> 4.90e-4 on the README's tour). Say so, with both.
     """
-    from trainer import checkpoint
+    from trainer.checkpoint import catalog
     from trainer.config import TrainConfig
     from trainer.optim import Schedule
 
@@ -295,8 +299,8 @@ def schedule_note(base: dict, cfg, given: dict, resume_path) -> str:
     if not changed:
         return ""
     old = TrainConfig(**base)
-    state = checkpoint.read_json(resume_path, checkpoint.STATE)
-    manifest = checkpoint.read_json(resume_path, checkpoint.MANIFEST)
+    state = catalog.read_json(resume_path, catalog.STATE)
+    manifest = catalog.read_json(resume_path, catalog.MANIFEST)
     step, tokens = int(state.get("step", 0)), int(state.get("tokens", 0))
     try:  # the run's planned tokens per update, as the loop computes them
         batch = manifest["global_batch"]

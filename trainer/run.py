@@ -20,19 +20,22 @@ import psutil
 from telemetry import auth, sysmem
 from telemetry.control import CommandQueue
 from telemetry.files import atomic_write
-from telemetry.hub import Hub
+from telemetry.hub import Hub, ServerOptions
 from telemetry.records import PROTOCOL_VERSION, Event, Hello, Update, run_id_of
 from telemetry.reporter import NullReporter, Reporter
-from trainer import checkpoint, cuda_graphs, heartbeat, memory
+from trainer import cuda_graphs, heartbeat, memory
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
+from trainer.checkpoint import catalog, store
 from trainer.config import ConfigError, TrainConfig
 from trainer.controller import Controller
-from trainer.data import Dataset, SyntheticStream, TrainStream, val_batches
+from trainer.data.dataset import Dataset, SyntheticStream, TrainStream, val_batches
 from trainer.distributed import Cluster, Watchdog
-from trainer.model import GPT, ModelConfig, padded_vocab
+from trainer.launch.restart import restart_note
+from trainer.model.config import ModelConfig, padded_vocab
+from trainer.model.generate import generate
+from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
-from trainer.restart import restart_note
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
 
 SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
@@ -225,7 +228,7 @@ class Run:
             s["evals_since_best"] = 0
             path = self.save() if self.saved_at != s["step"] else self.last_saved
             if path is not None and self.cluster.is_root:
-                checkpoint.point_best(cfg.run_dir, path)
+                catalog.point_best(cfg.run_dir, path)
         self.event(
             "eval",
             f"val loss {val_loss:.4f} (best {best['val_loss']:.4f} at update {best['step']})",
@@ -259,7 +262,8 @@ class Run:
         if self.data.tokenizer is None:
             return "(no tokenizer: synthetic data)"
         tok, prompt = self.data.tokenizer, self.cfg.prompt
-        ids = self.model.generate(
+        ids = generate(
+            self.model,
             [int(t) for t in tok.encode(prompt)],
             self.cfg.sample_tokens,
             seed=self.cfg.seed + self.state["step"],
@@ -271,14 +275,12 @@ class Run:
         A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
         step, model, opt = self.state["step"], self.model, self.optimizer
         self.watchdog.progress("checkpoint")
-        digests = self.cluster.gather_bytes(
-            checkpoint.replica_digest(model.parameters(), opt.state)
-        )
+        digests = self.cluster.gather_bytes(store.replica_digest(model.parameters(), opt.state))
         agree = len(set(digests)) == 1
         path = None
         if self.cluster.is_root:
             try:
-                path = checkpoint.save(
+                path = store.save(
                     self.cfg.run_dir,
                     step,
                     params=model.parameters(),
@@ -289,7 +291,7 @@ class Run:
                     keep=self.cfg.keep_checkpoints,
                     make_latest=agree,
                 )
-            except checkpoint.NoSpace as e:
+            except catalog.NoSpace as e:
                 self.checkpoint_failed(str(e))
                 return None
             self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
@@ -359,9 +361,9 @@ def open_run(
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cluster.is_root:
-        for tmp, dest in checkpoint.adopt(run_dir):
+        for tmp, dest in catalog.adopt(run_dir):
             say(f"recovered checkpoint {dest.name} from {tmp.name}, left by a save cut short")
-        for p in checkpoint.clear_orphans(run_dir):
+        for p in catalog.clear_orphans(run_dir):
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
         resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -394,12 +396,12 @@ def open_run(
     }
     state: dict[str, Any] = {"step": 0, "tokens": 0, "cursor": 0, "split": split, "lr": 0.0}
     if resume is not None:
-        checkpoint.check_compatible(checkpoint.verify(resume), identity, resume)
-        params, opt_state = checkpoint.load_arrays(resume)
+        catalog.check_compatible(catalog.verify(resume), identity, resume)
+        params, opt_state = store.load_arrays(resume)
         model.update(params)
         optimizer.state = opt_state
         mx.eval(model.parameters(), optimizer.state)
-        state = {**checkpoint.read_json(resume, checkpoint.STATE), "split": split}
+        state = {**catalog.read_json(resume, catalog.STATE), "split": split}
         say(
             f"resumed from {resume} at update {state['step']} "
             f"({state['tokens']:,} tokens, data cursor {state['cursor']:,})"
@@ -514,7 +516,7 @@ def open_data(cfg: TrainConfig) -> Data:
             tokenizer_identity={"kind": "synthetic"},
             description=f"synthetic tokens (vocab {vocab})",
         )
-    from trainer.tokenizer import identity_digest_part, load_tokenizer
+    from trainer.data.tokenizer import identity_digest_part, load_tokenizer
 
     dataset = Dataset.open(cfg.data)
     if cfg.seq_len and cfg.seq_len != dataset.seq_len:
@@ -543,7 +545,7 @@ def resumed_split(
     split = cfg.split(world)
     if resume is None or "local_batches" in explicit or "local_batch" in explicit:
         return split
-    saved = checkpoint.read_json(resume, checkpoint.STATE)["split"]
+    saved = catalog.read_json(resume, catalog.STATE)["split"]
     if len(saved) == world:
         return saved
     if sum(split) != sum(saved):
@@ -592,8 +594,7 @@ def open_telemetry(
         )
     port = base + rank if base else None
     hub = Hub(
-        bind=cfg.telemetry_bind,
-        allow_remote=cfg.telemetry_remote,
+        options=ServerOptions(bind=cfg.telemetry_bind, allow_remote=cfg.telemetry_remote),
         run_dir=run_dir,
         hello=hello,
         port=port,

@@ -13,8 +13,8 @@ from mlx.utils import tree_flatten, tree_map
 
 from trainer import memory
 from trainer.distributed import Cluster
-from trainer.loss import head_loss
-from trainer.model import GPT, MLP, Block
+from trainer.model.gpt import GPT, MLP, Block
+from trainer.model.loss import head_loss
 
 Tree = dict
 

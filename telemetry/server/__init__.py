@@ -7,6 +7,7 @@ Layers, each wrapping only the one below (as pynvim's msgpack_rpc):
     connection.py  one socket over telemetry.framing: read, queued writes, backpressure,
                    and the time it may take to do its part
     pool.py        the open connections: who gets a slot, who makes room for whom
+    options.py     how a server serves (bind, backlogs, buffers, limits): one value
     session.py     a connection's challenge and commands in flight; the run's checks
     broadcast.py   the training thread's records, encoded once, kept as history
 
@@ -28,17 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from telemetry import protocol
 from telemetry.control import CommandQueue
 from telemetry.records import Event, Hello, Update
 from telemetry.server.broadcast import Broadcast
 from telemetry.server.connection import ConnectionLimits
 from telemetry.server.listener import ANY_PORT, UNIX_PATH_MAX, Listener, accept
 from telemetry.server.loop import EventLoop
+from telemetry.server.options import ServerOptions
 from telemetry.server.pool import Connections
 from telemetry.server.session import CommandGate, Session
 
-__all__ = ["ANY_PORT", "UNIX_PATH_MAX", "ConnectionLimits", "Server"]
+__all__ = ["ANY_PORT", "UNIX_PATH_MAX", "ConnectionLimits", "Server", "ServerOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -55,41 +56,37 @@ class Server:
         *,
         hello: Hello,
         port: int | None,
-        bind: str = "127.0.0.1",
-        allow_remote: bool = False,
+        options: ServerOptions | None = None,
         unix_path: Path | None = None,
         commands: CommandQueue | None = None,
         key: bytes | None = None,
-        backlog: int = protocol.DEFAULT_BACKLOG,
-        event_backlog: int = protocol.DEFAULT_EVENT_BACKLOG,
-        queue_size: int = 1024,
-        subscriber_buffer: int = 512,
         rank0_port: int | None = None,
-        limits: ConnectionLimits | None = None,
-        flush_interval: float = 0.1,
     ) -> None:
+        o = options or ServerOptions()
         self.hello = hello  # what new connections are told (Hub.set_hello replaces it)
         self.rank = hello.rank
         self.unix_path = unix_path
         label = f"rank {self.rank}"
         self._listener = Listener(
-            rank=self.rank, port=port, bind=bind, allow_remote=allow_remote, unix_path=unix_path
+            rank=self.rank,
+            port=port,
+            bind=o.bind,
+            allow_remote=o.allow_remote,
+            unix_path=unix_path,
         )
         self._loop = EventLoop(label)
         self._records = Broadcast(
             label=label,
-            queue_size=queue_size,
-            backlog=backlog,
-            event_backlog=event_backlog,
-            flush_interval=flush_interval,
+            queue_size=o.queue_size,
+            backlog=o.backlog,
+            event_backlog=o.event_backlog,
+            flush_interval=o.flush_interval,
             wake=self._loop.wake,
         )
         self._gate = CommandGate(
             rank=self.rank, commands=commands, key=key, rank0_port=rank0_port, wake=self._loop.wake
         )
-        self._conns = Connections(
-            self._loop.selector, cap=subscriber_buffer, limits=limits or ConnectionLimits()
-        )
+        self._conns = Connections(self._loop.selector, cap=o.subscriber_buffer, limits=o.limits)
         self._thread: threading.Thread | None = None
         self._closed = False
 

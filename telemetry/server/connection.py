@@ -4,7 +4,8 @@ The thread never waits for a peer: a send that would block leaves the rest queue
 selector's next "writable", and a subscriber that reads slower than the run produces loses
 its oldest live records (counted and told), never the hello, history or replies. A peer
 that takes nothing for `idle_timeout`, or sits in a reserved slot without signing a command,
-is closed by `sweep` (the pool, pool.py, decides who gets a slot).
+is closed by `sweep`. Who gets a slot is the pool's to decide (pool.py); a connection knows
+only its selector, its limits and whom to tell when it fails or closes.
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from telemetry import protocol
 from telemetry.framing import Decoder, FramingError
 from telemetry.records import Dropped, Reply
-
-if TYPE_CHECKING:
-    from telemetry.server.pool import Connections
 
 _CHUNK = 64 << 10  # bytes handed to one send()
 _RECV = 64 << 10  # bytes taken from one recv()
@@ -46,7 +44,16 @@ class Connection:
     first and whole; `out` holds at most `cap` live records and loses its oldest when full."""
 
     def __init__(
-        self, sock: socket.socket, peer: str, cap: int, pool: Connections, *, probation: bool
+        self,
+        sock: socket.socket,
+        peer: str,
+        cap: int,
+        selector: selectors.BaseSelector,
+        limits: ConnectionLimits,
+        *,
+        probation: bool,
+        on_failed: Callable[[], None] = lambda: None,
+        on_closed: Callable[[Connection], None] = lambda conn: None,
     ) -> None:
         self.sock = sock
         self.peer = peer
@@ -54,7 +61,7 @@ class Connection:
         # In a reserved slot: until when it has to sign a command (None: a plain reader).
         self.probation_until: float | None = None
         if probation:
-            self.probation_until = time.monotonic() + pool.limits.command_timeout
+            self.probation_until = time.monotonic() + limits.command_timeout
         self.stalled_since: float | None = None  # output waiting, untaken by the peer, since
         self.decoder = Decoder()
         self.ctl: collections.deque[bytes] = collections.deque()
@@ -68,7 +75,8 @@ class Connection:
         self.interest = 0  # the selector events registered for
         self.blocked = False  # its last send would block: wait for the selector to say writable
         self.closed = False
-        self._pool = pool
+        self._selector, self._limits = selector, limits
+        self._on_failed, self._on_closed = on_failed, on_closed
         self._on_message: Callable[[Any], None] = lambda obj: None
 
     # --- in -------------------------------------------------------------------------------
@@ -180,7 +188,7 @@ class Connection:
             want |= selectors.EVENT_READ
         if want == self.interest:
             return
-        selector = self._pool.selector
+        selector = self._selector
         if self.interest == 0:
             selector.register(self.sock, want, self._ready)
         elif want == 0:
@@ -193,7 +201,7 @@ class Connection:
 
     def fail(self, why: str) -> None:
         """A protocol error: answer it (best effort), then close this connection only."""
-        self._pool.closed_on_error += 1
+        self._on_failed()
         self._close_after(f"protocol error: {why}")
 
     def _close_after(self, text: str) -> None:
@@ -222,7 +230,7 @@ class Connection:
         Its part: take what is sent (within idle_timeout), finish a message it started
         (partial_timeout), and, in a reserved slot, sign a command (command_timeout).
         """
-        limits = self._pool.limits
+        limits = self._limits
         if self.closing_at is not None:
             if now >= self.closing_at:
                 self.close()  # its error reply will not drain
@@ -246,10 +254,10 @@ class Connection:
         if self.closed:
             return
         self.closed = True
-        self._pool.forget(self)
+        self._on_closed(self)
         if self.interest:
             with contextlib.suppress(KeyError, ValueError):
-                self._pool.selector.unregister(self.sock)
+                self._selector.unregister(self.sock)
         self.interest = 0
         self.ctl.clear()
         self.out.clear()

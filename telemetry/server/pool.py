@@ -57,7 +57,16 @@ class Connections:
                 victim.evict("evicted to make room for a newer connection (the server is full)")
                 self.evicted += 1
                 probation = True
-        conn = Connection(sock, peer, self.cap, self, probation=probation)
+        conn = Connection(
+            sock,
+            peer,
+            self.cap,
+            self.selector,
+            self.limits,
+            probation=probation,
+            on_failed=self._count_error,
+            on_closed=self.forget,
+        )
         self._open[sock] = conn
         return conn
 
@@ -67,6 +76,9 @@ class Connections:
             if not conn.trusted and pred(conn):
                 return conn
         return None
+
+    def _count_error(self) -> None:
+        self.closed_on_error += 1
 
     def forget(self, conn: Connection) -> None:
         self._open.pop(conn.sock, None)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from telemetry.files import file_sha256
-from trainer.dataset_format import (
+from trainer.data.dataset_format import (
     META_NAME,
     SUBSETS,
     DatasetError,

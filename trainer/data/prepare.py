@@ -23,7 +23,7 @@ never leaves a half dataset that looks whole. The same inputs give byte-identica
 This module is the command and the order of the steps; the steps are nouns beside it:
 `sources` (list and read the inputs), `bpe` (the trained tokenizer), `packer` (token rows),
 `shard_writer` (Parquet shards) and `dataset_format` (dataset.json, shared with the reader,
-`trainer.data`).
+`trainer.data.dataset`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from telemetry.files import replace_dir
-from trainer.bpe import TOKENIZER_FILE, check_vocab, load_trained, train_bpe, trained_intact
-from trainer.bpe import training_params as bpe_params
-from trainer.dataset_format import (
+from trainer.data.bpe import TOKENIZER_FILE, check_vocab, load_trained, train_bpe, trained_intact
+from trainer.data.bpe import training_params as bpe_params
+from trainer.data.dataset_format import (
     META_NAME,
     VERSION,
     existing_meta,
@@ -50,11 +50,11 @@ from trainer.dataset_format import (
     shards_intact,
     write_meta,
 )
-from trainer.packer import Packer
-from trainer.progress_bar import ProgressBar
-from trainer.shard_writer import ShardWriter
-from trainer.sources import PrepareError, Source, list_sources, pieces, texts
-from trainer.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
+from trainer.data.packer import Packer
+from trainer.data.progress_bar import ProgressBar
+from trainer.data.shard_writer import ShardWriter
+from trainer.data.sources import PrepareError, Source, list_sources, pieces, texts
+from trainer.data.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
 
 __all__ = [
     "PrepareConfig",

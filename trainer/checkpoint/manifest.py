@@ -3,7 +3,7 @@
 A manifest lists every file of a checkpoint with its size and sha256, the run's identity
 (architecture, tokenizer, dataset, global batch, ...), a `serial` that orders saves in a run
 directory, and a `digest` of all of that, so a damaged field is caught as surely as a damaged
-file. Standard library only: the folder logic is in `trainer.checkpoint`.
+file. Standard library only: the folder logic is in `trainer.checkpoint.store`.
 """
 
 from __future__ import annotations

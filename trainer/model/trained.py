@@ -15,11 +15,12 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError
-from trainer.dataset_format import DatasetError, read_meta
-from trainer.model import GPT, ModelConfig
-from trainer.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
+from trainer.checkpoint import catalog
+from trainer.checkpoint.catalog import CheckpointError
+from trainer.data.dataset_format import DatasetError, read_meta
+from trainer.data.tokenizer import Tokenizer, TokenizerError, identity_digest_part, load_tokenizer
+from trainer.model.config import ModelConfig
+from trainer.model.gpt import GPT
 
 
 @dataclass
@@ -44,14 +45,14 @@ class Trained:
         return float(found[-1]) if found else None
 
     def state(self) -> dict[str, Any]:
-        return checkpoint.read_json(self.path, checkpoint.STATE)
+        return catalog.read_json(self.path, catalog.STATE)
 
     def train_config(self) -> dict[str, Any]:
-        return checkpoint.read_json(self.path, checkpoint.CONFIG)
+        return catalog.read_json(self.path, catalog.CONFIG)
 
     def weights(self) -> dict[str, mx.array]:
         """The checkpoint's parameters by name, checked against the architecture's shapes."""
-        have = mx.load(str(self.path / checkpoint.WEIGHTS))
+        have = mx.load(str(self.path / catalog.WEIGHTS))
         # GPT(cfg)'s parameters are lazy (never evaluated), so this allocates nothing.
         want = {k: tuple(v.shape) for k, v in tree_flatten(GPT(self.cfg).parameters())}
         got = {k: tuple(v.shape) for k, v in have.items()}
@@ -117,18 +118,18 @@ def find(target: str | Path, *, best: bool = False) -> Trained:
     """The verified checkpoint `target` names (a checkpoint, or a run's latest or best)."""
     target = Path(target)
     warnings: list[str] = []
-    if (target / checkpoint.MANIFEST).is_file():
+    if (target / catalog.MANIFEST).is_file():
         if best:
             raise CheckpointError(
                 f"{target} is a checkpoint; --best and --latest choose within a run folder"
             )
-        path, manifest = target, checkpoint.verify(target)
-    elif checkpoint.root(target).is_dir():
-        which = checkpoint.BEST if best else checkpoint.LATEST
-        path, manifest, warnings = checkpoint.resolve(target, which)
+        path, manifest = target, catalog.verify(target)
+    elif catalog.root(target).is_dir():
+        which = catalog.BEST if best else catalog.LATEST
+        path, manifest, warnings = catalog.resolve(target, which)
     else:
         raise CheckpointError(
-            f"{target}: neither a checkpoint (no {checkpoint.MANIFEST}) nor a run folder "
+            f"{target}: neither a checkpoint (no {catalog.MANIFEST}) nor a run folder "
             "(no checkpoints/); give a run's --run-dir or one of its checkpoints/step-* folders"
         )
     return Trained(path, manifest, architecture(manifest, path), warnings)

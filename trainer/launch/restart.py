@@ -12,7 +12,8 @@ from pathlib import Path
 
 from telemetry import balance
 from telemetry.arrowlog import read_updates
-from trainer import checkpoint, heartbeat
+from trainer import heartbeat
+from trainer.checkpoint import catalog
 
 WINDOW = 20  # recent updates per rank that the balancer fits a shrunk split from
 
@@ -121,9 +122,9 @@ def relaunch_command(command: list[str], run_dir: str | Path, split: list[int]) 
             continue
         out.append(arg)
     try:
-        checkpoint.resolve(run_dir, checkpoint.LATEST)
-        out += ["--resume", checkpoint.LATEST]
-    except checkpoint.CheckpointError:
+        catalog.resolve(run_dir, catalog.LATEST)
+        out += ["--resume", catalog.LATEST]
+    except catalog.CheckpointError:
         pass  # nothing saved yet: the attempt starts from the beginning
     return [*out, "--local-batches", ",".join(map(str, split))]
 

@@ -13,37 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from trainer.model.cache import KVCache
+
 if TYPE_CHECKING:
-    from trainer.model import GPT
-    from trainer.tokenizer import Tokenizer
-
-CACHE_STEP = 256  # positions a cache grows by: one copy per 256 tokens, not one per token
-
-
-class KVCache:
-    """One block's keys and values so far, shaped (batch, heads, positions, head_dim)."""
-
-    def __init__(self) -> None:
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
-        self.offset = 0  # positions held: the next token's position
-
-    def update(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        """Append the new positions' keys and values; returns all of them so far."""
-        start, stop = self.offset, self.offset + k.shape[2]
-        if self.keys is None or stop > self.keys.shape[2]:
-            grow = -(-(stop - start) // CACHE_STEP) * CACHE_STEP
-            B, H, _, D = k.shape
-            new_k, new_v = mx.zeros((B, H, grow, D), k.dtype), mx.zeros((B, H, grow, D), v.dtype)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = mx.concatenate([self.keys[..., :start, :], new_k], axis=2)
-                self.values = mx.concatenate([self.values[..., :start, :], new_v], axis=2)
-        self.keys[..., start:stop, :] = k
-        self.values[..., start:stop, :] = v
-        self.offset = stop
-        return self.keys[..., :stop, :], self.values[..., :stop, :]
+    from trainer.data.tokenizer import Tokenizer
+    from trainer.model.gpt import GPT
 
 
 def new_cache(model: GPT) -> list[KVCache]:
@@ -61,6 +35,13 @@ def pick(logits: mx.array, temperature: float, top_k: int, key: mx.array) -> int
         kth = mx.topk(logits, top_k).min()
         logits = mx.where(logits < kth, -mx.inf, logits)
     return int(mx.random.categorical(logits / temperature, key=key).item())
+
+
+def generate(
+    model: GPT, prompt: list[int], max_new: int, temperature: float = 0.8, seed: int = 0
+) -> list[int]:
+    """Up to `max_new` token ids sampled after `prompt`, as a list (the loop's test sentence)."""
+    return list(generate_ids(model, prompt, max_new, temperature=temperature, seed=seed))
 
 
 def generate_ids(

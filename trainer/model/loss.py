@@ -18,7 +18,8 @@ from functools import cache
 import mlx.core as mx
 import mlx.nn as nn
 
-from trainer.model import LOGIT_SOFTCAP, softcap
+from trainer.model.config import LOGIT_SOFTCAP
+from trainer.model.gpt import softcap
 
 
 def ce_sum(logits: mx.array, targets: mx.array, mask: mx.array) -> mx.array:

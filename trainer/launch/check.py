@@ -19,7 +19,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +93,7 @@ def expected_bytes(cfg: Any, local_batch: int) -> tuple[int, int]:
     accumulators and gradients, and activations of about 34 x width bytes per token and
     layer (attention and MLP inputs kept for the backward pass) plus the FP32 logits.
     """
-    from trainer.model import GPT, ModelConfig, padded_vocab
+    from trainer.model.config import ModelConfig, padded_vocab
 
     seq = cfg.seq_len or 256
     mcfg = ModelConfig.from_sizes(
@@ -104,7 +103,7 @@ def expected_bytes(cfg: Any, local_batch: int) -> tuple[int, int]:
         vocab=cfg.vocab or padded_vocab(512 if cfg.synthetic else 256),
         seq_len=seq,
     )
-    n = GPT(mcfg).num_params()  # lazily built: nothing is allocated
+    n = mcfg.num_params()
     weight = 2 if cfg.precision == "bf16" else 4
     ckpt = n * (weight + 2 * weight)
     tokens = local_batch * seq
@@ -180,51 +179,6 @@ def _end_group(e: subprocess.TimeoutExpired) -> None:
     if pid:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-
-
-def probe_rank(nbytes: int) -> int:
-    """One rank of the probe: join the group, time a tiny all-reduce, then each ring link."""
-    import mlx.core as mx
-
-    from trainer.distributed import Cluster
-
-    c = Cluster()
-    size = int(mx.distributed.all_sum(mx.ones((1,)), group=c.group).item())
-    t0 = time.perf_counter()
-    for _ in range(10):
-        mx.eval(mx.distributed.all_sum(mx.zeros((1,)), group=c.group))
-    latency = (time.perf_counter() - t0) / 10
-    bandwidth, note = None, ""
-    x = mx.zeros((nbytes // 4,), dtype=mx.float32)
-    mx.eval(x)
-    try:
-        # One link at a time (rank k sends to k+1), so no two transfers share a wire.
-        for k in range(c.size if c.size > 1 else 0):
-            mx.eval(mx.distributed.all_sum(mx.zeros((1,)), group=c.group))  # line up
-            if c.rank == k:
-                for _ in range(3):
-                    mx.eval(mx.distributed.send(x, (k + 1) % c.size, group=c.group))
-            elif c.rank == (k + 1) % c.size:
-                best = float("inf")
-                for _ in range(3):  # the best of three: a busy moment is not a slow wire
-                    t0 = time.perf_counter()
-                    mx.eval(mx.distributed.recv_like(x, k, group=c.group))
-                    best = min(best, time.perf_counter() - t0)
-                bandwidth = nbytes / best
-    except (RuntimeError, ValueError) as e:
-        note = f"links not timed: {e}"
-    row = {
-        "rank": c.rank,
-        "size": c.size,
-        "group_sum": size,
-        "backend": c.backend,
-        "host": os.uname().nodename,
-        "latency_s": latency,
-        "in_link_Bps": bandwidth,
-        "note": note,
-    }
-    print(PROBE_MARK + json.dumps(row), flush=True)
-    return 0
 
 
 def links_problems(ranks: list[dict], world: int) -> tuple[list[str], list[str]]:
@@ -316,7 +270,7 @@ def add_arguments(parser: Any) -> None:
         "mlx-fleet everywhere, the dataset's digest, free disk and memory, then the group "
         "itself and the speed of each link. Exits 1 naming each problem."
     )
-    from trainer.launch import rank_arguments
+    from trainer.launch.plan import rank_arguments
 
     rank_arguments(parser)
     parser.add_argument(
@@ -342,12 +296,12 @@ def add_arguments(parser: Any) -> None:
 def run_check(
     args: Any, plan: Any, timeout: float = 60.0, nbytes: int = 16 << 20
 ) -> tuple[bool, str]:
-    """Every check for `plan` (trainer.launch.Plan), started the way `args` (fleet launch's
+    """Every check for `plan` (trainer.launch.plan.Plan), started the way `args` (fleet launch's
     or fleet check's) starts ranks; (no problems, the report to print)."""
     from dataclasses import replace
 
     from trainer.blas import preload_env
-    from trainer.launch import mlx_launch_argv
+    from trainer.launch.plan import mlx_launch_argv
 
     cfg = plan.cfg
     data = cfg.data if cfg is not None and not cfg.synthetic else ""
@@ -391,9 +345,7 @@ def run_check(
 
 def main(args: Any) -> int:
     """`fleet check`."""
-    if args.probe_rank:
-        return probe_rank(args.probe_rank)
-    from trainer.launch import LaunchError, plan_launch
+    from trainer.launch.plan import LaunchError, plan_launch
 
     if not args.command:
         args.command = ["--", "check"]  # no run given: check the hosts and the group only

@@ -1,4 +1,4 @@
-"""Checkpoints that cannot lie: atomic folders, a manifest of sha256 digests, exact resume.
+"""A run's checkpoints as folders: where they are, which verify, `latest` and `best`, resume.
 
 A kill at any instant of a save leaves at least one complete, verified copy of every
 checkpoint that was complete before it, and of the newest one once its folder is whole:
@@ -17,28 +17,23 @@ checkpoint that was complete before it, and of the newest one once its folder is
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
-import mlx.core as mx
-from mlx.utils import tree_flatten, tree_unflatten
-
-from telemetry.files import atomic_write, file_sha256, fsync_dir, fsync_file
-from trainer import manifest as mf
-from trainer.manifest import CONFIG as CONFIG  # the names every caller knows, re-exported
-from trainer.manifest import FORMAT as FORMAT
-from trainer.manifest import MANIFEST as MANIFEST
-from trainer.manifest import OPTIMIZER as OPTIMIZER
-from trainer.manifest import STATE as STATE
-from trainer.manifest import WEIGHTS as WEIGHTS
+from telemetry.files import file_sha256, fsync_dir
+from trainer.checkpoint import manifest as mf
+from trainer.checkpoint.manifest import CONFIG as CONFIG  # the names every caller knows
+from trainer.checkpoint.manifest import FORMAT as FORMAT
+from trainer.checkpoint.manifest import MANIFEST as MANIFEST
+from trainer.checkpoint.manifest import OPTIMIZER as OPTIMIZER
+from trainer.checkpoint.manifest import STATE as STATE
+from trainer.checkpoint.manifest import WEIGHTS as WEIGHTS
 
 LATEST = "latest"
 BEST = "best"  # the checkpoint of the lowest validation loss (kept by --eval-every)
-_TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"
 
 
 class NoSpace(OSError):
@@ -57,127 +52,7 @@ def step_dir(run_dir: str | Path, step: int) -> Path:
     return root(run_dir) / f"step-{step:06d}"
 
 
-# --- digests ------------------------------------------------------------------------------
-def replica_digest(*trees: Any) -> bytes:
-    """sha256 over every array's name, dtype, shape and bytes: equal replicas, equal digests."""
-    h = hashlib.sha256()
-    for tree in trees:
-        for name, a in tree_flatten(tree):
-            if not isinstance(a, mx.array):
-                continue
-            h.update(f"{name}:{a.dtype}:{a.shape}".encode())
-            # bf16 has no numpy dtype; view its bits as uint16 to hash them exactly.
-            bits = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
-            h.update(memoryview(bits).tobytes())
-    return h.digest()
-
-
-# --- writing ------------------------------------------------------------------------------
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
-
-
-def save(
-    run_dir: str | Path,
-    step: int,
-    *,
-    params: dict,
-    optimizer_state: dict,
-    state: dict,
-    config: dict,
-    identity: dict,
-    keep: int = 0,
-    make_latest: bool = True,
-) -> Path:
-    """Write `step-NNNNNN/` atomically, point `latest` at it and prune old ones.
-
-    (mx.save_safetensors truncates its target in place; writing into a fresh folder is what
-    keeps an existing checkpoint intact.)
-    """
-    ckpts = root(run_dir)
-    ckpts.mkdir(parents=True, exist_ok=True)
-    final = step_dir(run_dir, step)
-    tmp = ckpts / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
-    need = _array_bytes(params) + _array_bytes(optimizer_state) + (1 << 20)
-    free = shutil.disk_usage(ckpts).free
-    if free < need:
-        raise NoSpace(
-            f"no space for checkpoint {final.name} in {ckpts}: it needs about {_mib(need)}, "
-            f"{_mib(free)} free"
-        )
-    fields = {**identity, "step": step, "serial": _next_serial(ckpts), "mlx": mx.__version__}
-    try:
-        manifest = _write_folder(tmp, params, optimizer_state, state, config, fields)
-    except (OSError, RuntimeError) as e:  # MLX says "[write] Unable to write N bytes"
-        shutil.rmtree(tmp, ignore_errors=True)  # the partial goes at once, not at next start
-        free = shutil.disk_usage(ckpts).free
-        raise NoSpace(
-            f"could not write checkpoint {final.name} in {ckpts} ({e}); {_mib(free)} free"
-        ) from None
-    _commit(ckpts, tmp, final, manifest)
-    if make_latest:
-        point_latest(run_dir, final)
-    if keep > 0:
-        prune(run_dir, keep)
-    return final
-
-
-def _array_bytes(tree: Any) -> int:
-    return sum(a.nbytes for _, a in tree_flatten(tree))
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
-def _write_folder(
-    tmp: Path, params: dict, optimizer_state: dict, state: dict, config: dict, fields: dict
-) -> dict:
-    """Every file of a checkpoint into `tmp`, fsynced, the manifest last; returns it."""
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    mx.save_safetensors(str(tmp / WEIGHTS), dict(tree_flatten(params)))
-    mx.save_safetensors(str(tmp / OPTIMIZER), dict(tree_flatten(optimizer_state)))
-    fsync_file(tmp / WEIGHTS)
-    fsync_file(tmp / OPTIMIZER)
-    atomic_write(tmp / STATE, _dumps(state))
-    atomic_write(tmp / CONFIG, _dumps(config))
-    files = {
-        n: {"sha256": file_sha256(tmp / n), "size": (tmp / n).stat().st_size} for n in mf.FILES
-    }
-    manifest = mf.stamp(fields, files)
-    atomic_write(tmp / MANIFEST, _dumps(manifest))  # also fsyncs the folder
-    return manifest
-
-
-def _commit(ckpts: Path, tmp: Path, final: Path, manifest: dict) -> None:
-    """Rename the finished `tmp` to `final`, never leaving the step without a verified copy."""
-    if not final.exists():
-        os.rename(tmp, final)
-        fsync_dir(ckpts)
-        return
-    have = _verified(final)
-    if have is not None and mf.same(have, manifest):
-        # Saved again unchanged (a `stop` right after a periodic save): no folder is renamed;
-        # only the manifest is replaced, in one atomic rename, so that its serial marks this
-        # as the last save (a run resumed from an older step may have saved newer ones).
-        atomic_write(final / MANIFEST, _dumps(manifest))
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    # Other bytes for this step (a rebalance while paused; a run resumed from an older
-    # checkpoint) or a corrupt copy. Between the renames the step has no folder, but both
-    # copies verify; `adopt` gives the step's name back to the newer one (higher serial).
-    old = ckpts / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
-    if old.exists():
-        shutil.rmtree(old)
-    os.rename(final, old)
-    os.rename(tmp, final)
-    fsync_dir(ckpts)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _next_serial(ckpts: Path) -> int:
+def next_serial(ckpts: Path) -> int:
     """One more than any serial in the folder: orders saves even across a resumed older step."""
     serials = [mf.serial(_peek(p)) for p in ckpts.iterdir() if p.is_dir()]
     return max((s for s in serials if s is not None), default=0) + 1
@@ -196,7 +71,7 @@ def point_best(run_dir: str | Path, target: Path) -> None:
 def _point(run_dir: str | Path, name: str, target: Path) -> None:
     ckpts = root(run_dir)
     link = ckpts / name
-    tmp = ckpts / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+    tmp = ckpts / f"{TMP_PREFIX}{name}-{os.getpid()}"
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
@@ -220,7 +95,7 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     for p in doomed:
         # Renamed away first: a kill mid-delete leaves a `.tmp-` folder that start-up clears,
         # never a step folder with some of its files gone.
-        gone = p.with_name(f"{_TMP_PREFIX}pruned-{p.name}-{os.getpid()}")
+        gone = p.with_name(f"{TMP_PREFIX}pruned-{p.name}-{os.getpid()}")
         try:
             os.rename(p, gone)
         except OSError:
@@ -233,7 +108,7 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
 def _temporaries(ckpts: Path) -> list[Path]:
     if not ckpts.is_dir():
         return []
-    found = [p for p in ckpts.iterdir() if p.name.startswith(_TMP_PREFIX)]
+    found = [p for p in ckpts.iterdir() if p.name.startswith(TMP_PREFIX)]
     return sorted(p for p in found if p.is_dir() and not p.is_symlink())
 
 
@@ -246,16 +121,16 @@ def adopt(run_dir: str | Path) -> list[tuple[Path, Path]]:
     another process made first just fails here.
     """
     ckpts = root(run_dir)
-    copies = [(p, m) for p in _temporaries(ckpts) if (m := _verified(p)) is not None]
+    copies = [(p, m) for p in _temporaries(ckpts) if (m := verified(p)) is not None]
     copies.sort(key=lambda c: (mf.serial(c[1]) or 0, c[0].name), reverse=True)
     adopted = []
     for tmp, manifest in copies:
         dest = step_dir(run_dir, manifest["step"])
         try:
             if dest.exists():
-                if _verified(dest) is not None:
+                if verified(dest) is not None:
                     continue  # a duplicate; `clear_orphans` removes it
-                os.rename(dest, ckpts / f"{_TMP_PREFIX}corrupt-{dest.name}-{os.getpid()}")
+                os.rename(dest, ckpts / f"{TMP_PREFIX}corrupt-{dest.name}-{os.getpid()}")
             os.rename(tmp, dest)
         except OSError:
             continue
@@ -277,11 +152,11 @@ def clear_orphans(run_dir: str | Path) -> list[Path]:
     adopt(run_dir)
     removed = []
     for p in sorted(ckpts.iterdir()):
-        if not p.name.startswith(_TMP_PREFIX):
+        if not p.name.startswith(TMP_PREFIX):
             continue
         if p.is_dir() and not p.is_symlink():
-            manifest = _verified(p)
-            if manifest is not None and _verified(step_dir(run_dir, manifest["step"])) is None:
+            manifest = verified(p)
+            if manifest is not None and verified(step_dir(run_dir, manifest["step"])) is None:
                 continue  # the only verified copy of its step (adopt could not rename it)
             shutil.rmtree(p, ignore_errors=True)
         else:
@@ -330,7 +205,8 @@ def verify(path: str | Path) -> dict:
     return manifest
 
 
-def _verified(path: Path) -> dict | None:
+def verified(path: Path) -> dict | None:
+    """The manifest if the folder verifies, else None."""
     try:
         return verify(path)
     except CheckpointError:
@@ -444,13 +320,6 @@ def _stale_link(pointed: Path | None, taken: Path, tried: set[Path]) -> list[str
 
 def read_json(path: Path, name: str) -> dict:
     return json.loads((path / name).read_text())
-
-
-def load_arrays(path: Path) -> tuple[dict, dict]:
-    """(params, optimizer state) as nested trees, from a verified checkpoint."""
-    params = tree_unflatten(list(mx.load(str(path / WEIGHTS)).items()))
-    opt = tree_unflatten(list(mx.load(str(path / OPTIMIZER)).items()))
-    return params, opt
 
 
 def check_compatible(manifest: dict, expected: dict, path: Path) -> None:

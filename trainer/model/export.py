@@ -29,9 +29,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from trainer import checkpoint
-from trainer.model import LOGIT_SOFTCAP, ModelConfig
-from trainer.trained import Trained
+from trainer.checkpoint import catalog
+from trainer.model.config import LOGIT_SOFTCAP, ModelConfig
+from trainer.model.trained import Trained
 
 MODEL_TYPE = "nanochat"
 MLX_LM_NORM_EPS, MLX_LM_SOFTCAP = 1e-5, 15.0  # constants in mlx_lm/models/nanochat.py
@@ -96,7 +96,7 @@ def origin(trained: Trained, dtype: str) -> dict[str, Any]:
         "exported_by": "mlx-fleet (fleet export)",
         "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "checkpoint": str(trained.path.resolve()),
-        "weights_sha256": m.get("files", {}).get(checkpoint.WEIGHTS, {}).get("sha256"),
+        "weights_sha256": m.get("files", {}).get(catalog.WEIGHTS, {}).get("sha256"),
         "step": trained.step,
         "val_loss": trained.val_loss,
         "architecture": m.get("architecture"),

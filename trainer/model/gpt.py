@@ -3,55 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-if TYPE_CHECKING:
-    from trainer.generate import KVCache
-
-HEAD_DIM = 64  # default head size when --heads is 0
-VOCAB_MULTIPLE = 64  # the embedding and head are padded to this for friendlier matmul shapes
-LOGIT_SOFTCAP = 15.0  # nanochat caps logits smoothly; keeps early training stable
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture; two runs may share weights only if these are equal."""
-
-    depth: int
-    width: int
-    heads: int
-    vocab: int
-    seq_len: int
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-5
-
-    @classmethod
-    def from_sizes(
-        cls, *, depth: int, width: int = 0, heads: int = 0, vocab: int, seq_len: int
-    ) -> ModelConfig:
-        """nanochat sizing: width 64 x depth unless given; heads of 64 unless given."""
-        width = width or 64 * depth
-        heads = heads or max(1, width // HEAD_DIM)
-        if depth < 1 or width < 1 or vocab < 2 or seq_len < 1:
-            raise ValueError(f"impossible model size: depth={depth} width={width} vocab={vocab}")
-        if width % heads:
-            raise ValueError(f"width {width} is not divisible by heads {heads}")
-        if (width // heads) % 2:
-            raise ValueError(f"head size {width // heads} must be even for rotary embeddings")
-        return cls(depth=depth, width=width, heads=heads, vocab=vocab, seq_len=seq_len)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def padded_vocab(n: int) -> int:
-    """The tokenizer's vocabulary rounded up to VOCAB_MULTIPLE."""
-    return -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+from trainer.model.cache import KVCache
+from trainer.model.config import LOGIT_SOFTCAP, ModelConfig
 
 
 def softcap(z: mx.array) -> mx.array:
@@ -138,7 +96,7 @@ class GPT(nn.Module):
     def extend(self, idx: mx.array, cache: list[KVCache]) -> mx.array:
         """Logits of `idx`, the tokens after those whose keys and values `cache` (one per
         block) holds; the cache grows by them. The same math as __call__, one token at a time
-        instead of the whole prefix again (trainer/generate.py)."""
+        instead of the whole prefix again (trainer/model/generate.py)."""
         x = _norm(self.wte(idx), self.cfg.norm_eps)
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x = block(x, layer_cache)
@@ -168,9 +126,3 @@ class GPT(nn.Module):
         """nanoGPT's count: 6N for the matmuls plus the attention scores and values."""
         c = self.cfg
         return 6 * self.num_params() + 12 * c.depth * c.width * c.seq_len
-
-    def generate(self, prompt: list[int], max_new: int, temperature: float = 0.8, seed: int = 0):
-        """Sample up to max_new token ids after prompt, with a KV cache (trainer/generate.py)."""
-        from trainer.generate import generate_ids  # generate.py imports this module
-
-        return list(generate_ids(self, prompt, max_new, temperature=temperature, seed=seed))

@@ -1,6 +1,6 @@
 """The dataset folder's format: dataset.json's fields, its digest, and reading it back.
 
-`fleet prepare` (the writer) and `trainer.data` (the reader) both import this module, so
+`fleet prepare` (the writer) and `trainer.data.dataset` (the reader) both import this module, so
 neither needs the other. A dataset has two subsets, "train" and "val" (held out for
 validation); dataset.json lists each subset's shards under "shards".
 """
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.tokenizer import identity_digest_part
+from trainer.data.tokenizer import identity_digest_part
 
 FORMAT = "mlx-fleet-dataset"
 VERSION = 1

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.files import atomic_write, file_sha256
-from trainer.tokenizer import INSTALL_HINT, HFTokenizer, TokenizerError
+from trainer.data.tokenizer import INSTALL_HINT, HFTokenizer, TokenizerError
 
-# BOS, EOS, PAD: names HFTokenizer recognises (trainer.tokenizer's _BOS/_EOS/_PAD_NAMES).
+# BOS, EOS, PAD: names HFTokenizer recognises (trainer.data.tokenizer's _BOS/_EOS/_PAD_NAMES).
 SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|pad|>")
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet and the specials, before any merge
 TOKENIZER_FILE = "tokenizer.json"  # its name in the dataset folder

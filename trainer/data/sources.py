@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from telemetry.files import file_sha256
-from trainer.progress_bar import ProgressBar
+from trainer.data.progress_bar import ProgressBar
 
 READ_CHUNK = 4 << 20  # bytes of a text file tokenized at once
 

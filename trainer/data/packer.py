@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.shard_writer import ShardWriter
+from trainer.data.shard_writer import ShardWriter
 
 ROW_HASH_SALT = 0x9E3779B97F4A7C15  # splitmix64's increment: seeds the held-out rows' hash
 
