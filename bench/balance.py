@@ -127,9 +127,9 @@ def run_variant(
 def gradient_bytes(args: argparse.Namespace) -> int:
     """Bytes one rank all-reduces per update: FP32 gradients of every weight (lazy arrays: the
     model is described, never materialized)."""
+    from trainer.builder import SYNTHETIC_VOCAB
     from trainer.model.config import ModelConfig
     from trainer.model.gpt import GPT
-    from trainer.run import SYNTHETIC_VOCAB
 
     mcfg = ModelConfig.from_sizes(
         depth=args.depth,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from console.hostfile import DEFAULT_PORT_BASE, HostfileError
+from telemetry import rundir
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -236,7 +237,7 @@ def _recorded_over_ssh(pool, host: str, run_dir: str):
     from console.ssh import SSHError
     from telemetry import ports
 
-    path = f"{run_dir.rstrip('/')}/{ports.LOG_DIR}/{ports.PORTS_FILE}"
+    path = str(rundir.at(PurePosixPath(run_dir)).ports)
     try:
         return ports.parse(pool.read_file(host, path), f"{host}:{path}")
     except (SSHError, OSError):

@@ -99,9 +99,10 @@ class SSHConnector:
 
     def read_control_key(self, target: RankTarget, run_dir: str) -> bytes:
         from console.ssh import SSHError
-        from telemetry.auth import KEY_BYTES, KEY_FILE
+        from telemetry import rundir
+        from telemetry.auth import KEY_BYTES
 
-        path = str(PurePosixPath(run_dir) / KEY_FILE)
+        path = str(rundir.at(PurePosixPath(run_dir)).control_key)
         try:
             data = self.pool.read_file(target.host, path, private=True)
         except (SSHError, OSError) as e:

@@ -23,6 +23,7 @@ from pathlib import Path
 from console import terminal
 from console.command import typed
 from console.hostfile import DEFAULT_PORT_BASE
+from telemetry import rundir
 
 WORLD = 4
 SPLIT = (3, 2, 2, 1)
@@ -230,9 +231,9 @@ def free_port_base(start: int, world: int, tries: int = 20) -> int | None:
 def _wait_for_start(proc: subprocess.Popen, run_dir: Path, log_path: Path) -> bool:
     """Wait until every rank has logged an update (all serve by then), or the launch failed."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    last = run_dir / "telemetry" / f"rank-{WORLD - 1}.arrow"
+    last = rundir.at(run_dir).telemetry / f"rank-{WORLD - 1}.arrow"
     while time.monotonic() < deadline:
-        if last.exists() and (run_dir / "control.key").exists():
+        if last.exists() and rundir.at(run_dir).control_key.exists():
             return True
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace").splitlines()[-20:]

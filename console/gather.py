@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from console.hostfile import RankTarget
 from console.ssh import SSHError, SSHPool
-from telemetry.arrowlog import LOG_DIR
+from telemetry import rundir
 
 # Any segment of a rank's update or event log, as telemetry.arrowlog names them
 # (update_stem, event_stem): rank-3.arrow, rank-3.1.arrow, events-rank-3.arrow, ...
@@ -59,8 +59,9 @@ def gather(
 ) -> tuple[list[Copied], list[str]]:
     """Fetch each rank's logs from its host; returns what was copied and the problems met."""
     check_dest(dest)
-    (dest / LOG_DIR).mkdir(parents=True, exist_ok=True)
-    remote_logs = str(PurePosixPath(run_dir) / LOG_DIR)
+    local, remote = rundir.at(dest), rundir.at(PurePosixPath(run_dir))
+    local.telemetry.mkdir(parents=True, exist_ok=True)
+    remote_logs = str(remote.telemetry)
     hosts: dict[str, list[int]] = {}
     for t in targets:
         hosts.setdefault(t.host, []).append(t.rank)
@@ -81,7 +82,7 @@ def gather(
         if missing:
             problems.append(f"{host}:{remote_logs} holds no logs of ranks {_ranks(missing)}")
         for name, size in mine.items():
-            local = dest / LOG_DIR / name
+            local = dest / rundir.TELEMETRY / name
             rank = _rank_of(name)
             if local.exists() and local.stat().st_size == size:
                 copied.append(Copied(rank, host, name, size, fetched=False))
@@ -96,8 +97,8 @@ def gather(
     if targets:
         root = targets[0]
         try:
-            config = pool.read_file(root.host, str(PurePosixPath(run_dir) / "config.json"))
-            (dest / "config.json").write_bytes(config)
+            config = pool.read_file(root.host, str(remote.config))
+            local.config.write_bytes(config)
         except (SSHError, OSError) as e:
             problems.append(f"the run's config from {root.host}: {e}")
     (dest / MARKER).write_text(

@@ -13,7 +13,7 @@ from typing import Any
 
 from console.hostfile import RankTarget
 from console.model import LinkPhase, LinkSink, LinkStatus
-from telemetry import arrowlog
+from telemetry import arrowlog, rundir
 from telemetry.errors import TelemetryError
 from telemetry.records import Event, Hello, Message, Update
 
@@ -68,13 +68,12 @@ def load(run_dir: str | Path) -> tuple[list[Hello], list[tuple[float, int, Messa
 
 def _run_id(run: Path) -> str:
     """The run's id from its config when it has one, else the folder name."""
-    for name in ("config.json", "run.json"):
-        try:
-            data = json.loads((run / name).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("run_id"), str):
-            return data["run_id"]
+    try:
+        data = json.loads(rundir.at(run).config.read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("run_id"), str):
+        return data["run_id"]
     return run.resolve().name
 
 

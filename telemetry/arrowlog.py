@@ -27,12 +27,12 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
+from telemetry import rundir
 from telemetry.errors import TelemetryError
 from telemetry.records import Event, Update
 
 log = logging.getLogger(__name__)
 
-LOG_DIR = "telemetry"
 
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "float | None": pa.float64()}
 _ARROW_TYPES |= {"bool": pa.bool_(), "str": pa.string()}
@@ -68,7 +68,7 @@ _UPDATE_COLUMNS = [
 
 def log_dir(run_dir: str | Path) -> Path:
     """Where a run's telemetry logs live."""
-    return Path(run_dir) / LOG_DIR
+    return rundir.at(run_dir).telemetry
 
 
 def update_stem(rank: int) -> str:

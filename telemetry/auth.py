@@ -10,11 +10,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from telemetry import rundir
 from telemetry.errors import AuthError, ProtocolError
 from telemetry.files import atomic_write
 from telemetry.protocol import MAC_HEX, NONCE_HEX, is_hex, signed_bytes
 
-KEY_FILE = "control.key"
+KEY_FILE = rundir.CONTROL_KEY
 KEY_BYTES = 32
 
 
@@ -33,7 +34,7 @@ def create_key(run_dir: str | os.PathLike[str]) -> bytes:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_bytes(KEY_BYTES)
-    atomic_write(run_dir / KEY_FILE, key, mode=0o600)
+    atomic_write(rundir.at(run_dir).control_key, key, mode=0o600)
     return key
 
 
@@ -73,8 +74,8 @@ def read_key(path_or_run_dir: str | os.PathLike[str]) -> bytes:
 
 def ensure_key(run_dir: str | os.PathLike[str]) -> bytes:
     """The run's key: the existing one when resuming a run (checked like `read_key`), else new."""
-    if (Path(run_dir) / KEY_FILE).exists():
-        return read_key(Path(run_dir) / KEY_FILE)
+    if (path := rundir.at(run_dir).control_key).exists():
+        return read_key(path)
     return create_key(run_dir)
 
 

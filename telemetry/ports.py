@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telemetry import rundir
 from telemetry.files import atomic_write
 from telemetry.protocol import DEFAULT_PORT_BASE
 
-PORTS_FILE = "ports.json"
-LOG_DIR = "telemetry"  # arrowlog.LOG_DIR (a test keeps them equal), without importing pyarrow
 STEP = 100  # candidate bases go up in steps of this many ports
 # 47800 + 13 steps keeps every candidate below 49152, where macOS's ephemeral range starts
 # (Linux's is 32768-60999: there a short-lived outgoing connection may hold one for a while,
@@ -47,7 +46,7 @@ class RecordedPorts:
 
 def ports_path(run_dir: str | Path) -> Path:
     """RUN/telemetry/ports.json."""
-    return Path(run_dir) / LOG_DIR / PORTS_FILE
+    return rundir.at(run_dir).ports
 
 
 def candidates(start: int, world_size: int, count: int = CANDIDATES) -> Iterator[int]:
@@ -121,7 +120,7 @@ def forget(run_dir: str | Path) -> None:
     ports_path(run_dir).unlink(missing_ok=True)
 
 
-def parse(data: bytes | str, where: str = PORTS_FILE) -> RecordedPorts:
+def parse(data: bytes | str, where: str = rundir.PORTS) -> RecordedPorts:
     """A ports record from its JSON; ValueError saying what is wrong."""
     try:
         raw: Any = json.loads(data)
@@ -157,7 +156,6 @@ def read(run_dir: str | Path) -> RecordedPorts | None:
 
 __all__ = [
     "DEFAULT_PORT_BASE",
-    "PORTS_FILE",
     "RecordedPorts",
     "agree_base",
     "candidates",

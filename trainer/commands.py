@@ -11,12 +11,12 @@ from trainer.run import Run
 
 
 def _pause(run: Run, action: Action) -> dict[str, Any]:
-    run.event("paused", f"paused at update {run.state['step']}")
+    run.event("paused", f"paused at update {run.state.step}")
     return {}
 
 
 def _resume(run: Run, action: Action) -> dict[str, Any]:
-    run.event("resumed", f"resumed at update {run.state['step']}")
+    run.event("resumed", f"resumed at update {run.state.step}")
     return {}
 
 
@@ -25,7 +25,7 @@ def _checkpoint(run: Run, action: Action) -> dict[str, Any]:
 
 
 def _rebalance(run: Run, action: Action) -> dict[str, Any]:
-    old, new = run.state["split"], action.payload
+    old, new = run.state.split, action.payload
     run.rebalance(new)
     why = {"reason": action.reason} if action.reason != "command" else {}
     run.event("rebalanced", f"split {old} -> {new}", **{"from": old, "to": new}, **why)
@@ -62,4 +62,4 @@ def apply(run: Run, action: Action) -> None:
     """Apply the boundary's command on this rank; rank 0 answers whoever sent it."""
     handler = HANDLERS.get(action.name)
     if handler is not None:
-        Controller.answer(action, run.state["step"], **handler(run, action))
+        Controller.answer(action, run.state.step, **handler(run, action))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psutil
 
-DIR = "ranks"
+from telemetry import rundir
+
 STALE_S = 3.0  # a rank that has not beaten for this long (3 beats) is not responding
 # The stages in the order a rank passes them between two updates (the step counts up right
 # before "report"): at one step, a rank in an earlier stage is behind the others, which wait
@@ -51,7 +52,7 @@ class Beat:
 
 
 def path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / DIR / f"rank-{rank}.json"
+    return rundir.at(run_dir).ranks / f"rank-{rank}.json"
 
 
 def write(run_dir: str | Path, rank: int, stage: str, step: int, stage_since: float) -> None:
@@ -67,7 +68,7 @@ def write(run_dir: str | Path, rank: int, stage: str, step: int, stage_since: fl
 def read_all(run_dir: str | Path) -> dict[int, Beat]:
     """Every rank's last beat found in the run folder, by rank (unreadable files are skipped)."""
     beats = {}
-    for p in sorted((Path(run_dir) / DIR).glob("rank-*.json")):
+    for p in sorted(rundir.at(run_dir).ranks.glob("rank-*.json")):
         with contextlib.suppress(OSError, ValueError, TypeError):
             b = Beat(**json.loads(p.read_text()))
             beats[b.rank] = b

@@ -12,8 +12,10 @@ batch sees the same samples. Each rank accumulates FP32 gradients of its *summed
 one bucketed all-reduce per update sums gradients, token counts and loss sums over ranks, and
 the optimizer divides by the global token count: the split never changes the math.
 
-The pieces beside this loop: run.py (folder, data, model, resume, telemetry), step.py (the
-update), controller.py and commands.py (operator commands at a boundary), checkpoint.py.
+The pieces beside this loop: builder.py (folder, data, model, resume, telemetry), run.py (what
+a run holds and does between updates), state.py (where the loop is), evaluation.py (val loss,
+`best`, early stop, the test sentence), step.py (the update), controller.py and commands.py
+(operator commands at a boundary), checkpoint/ (saving and finding checkpoints).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from trainer import commands, memory
+from trainer import commands, evaluation, memory
+from trainer.builder import open_run
 from trainer.config import TrainConfig
 from trainer.controller import HEARTBEAT_S, Controller, stop_on_signals
 from trainer.distributed import Cluster, PeerLost
 from trainer.optim import Schedule
 from trainer.progress import Progress
-from trainer.run import ReplicaMismatch, Run, open_run
+from trainer.run import ReplicaMismatch, Run
 from trainer.step import UpdateFigures
 
 
@@ -50,7 +53,7 @@ def train(
     if cfg.allreduce_bucket_mb:
         cluster.bucket_bytes = int(cfg.allreduce_bucket_mb * 1024**2)
     schedule = Schedule.from_config(
-        cfg, tokens_per_update=cfg.accum * sum(state["split"]) * run.data.seq_len
+        cfg, tokens_per_update=cfg.accum * sum(state.split) * run.data.seq_len
     )
     controller = run.controller()
     progress = Progress(cfg.updates)
@@ -62,8 +65,8 @@ def train(
     try:
         # Ctrl-C, SIGTERM and SIGHUP to any rank become a `stop` at the next boundary.
         with stop_on_signals(controller, say):
-            while state["step"] < cfg.updates:
-                step = state["step"]
+            while state.step < cfg.updates:
+                step = state.step
                 if cfg.stop_at and step >= cfg.stop_at:
                     say(f"stopping at update {step} (--stop-at); resume with --resume latest")
                     break
@@ -75,18 +78,20 @@ def train(
 
                 # --- evaluation and samples (before the update, so step 0 is measured too)
                 evaluated = cfg.eval_every and step % cfg.eval_every == 0
-                if evaluated and step > state["start_step"]:
+                if evaluated and step > state.start_step:
                     watchdog.progress("eval")
-                    val_loss, val_tokens = run.evaluate()
+                    val_loss, val_tokens = evaluation.evaluate(run)
                     say(f"eval  step {step}: val loss {val_loss:.4f} over {val_tokens:,} tokens")
-                    if (why := run.note_eval(val_loss, val_tokens)) is not None:
+                    if (why := evaluation.note_eval(run, val_loss, val_tokens)) is not None:
                         say(why)
-                        run.stop_early(why)  # with a checkpoint: --resume latest goes on
+                        evaluation.stop_early(
+                            run, why
+                        )  # with a checkpoint: --resume latest goes on
                         break
                 # the "test sentence": with each evaluation, and every --sample-every updates
                 sampled = cfg.sample_every and step % cfg.sample_every == 0
                 if cluster.is_root and (sampled or (evaluated and step and run.data.tokenizer)):
-                    text = run.sample()
+                    text = evaluation.sample(run)
                     say(f"sample step {step}: {text!r}")
                     run.event("sample", text[:200], prompt=cfg.prompt, text=text)
 
@@ -94,7 +99,7 @@ def train(
                 # The global RNG is reseeded from (seed, step) every update, so anything random
                 # in an update (none today; dropout tomorrow) resumes exactly without its state.
                 mx.random.seed(cfg.seed * 1_000_003 + step)
-                lr = schedule(state["tokens"])
+                lr = schedule(state.tokens)
                 figures = run.stepper.update(
                     run.batches(),
                     lr,
@@ -106,32 +111,32 @@ def train(
                 watchdog.progress("report")
                 if not math.isfinite(figures.loss):
                     raise FloatingPointError(
-                        f"loss is {figures.loss} at update {state['step']}; stopping"
+                        f"loss is {figures.loss} at update {state.step}; stopping"
                     )
 
                 # --- report: telemetry gets every update; the printed line every log_every
                 rec = run.record(figures, mem := memory.figures())
                 if cluster.is_root:  # a spiking loss, falling throughput: someone is told
-                    run.alerts.watch(state["step"], figures.loss, figures.tokens / figures.update_s)
-                if state["step"] % cfg.log_every == 0 or state["step"] == cfg.updates:
+                    run.alerts.watch(state.step, figures.loss, figures.tokens / figures.update_s)
+                if state.step % cfg.log_every == 0 or state.step == cfg.updates:
                     say(progress.line(rec, gather_rank_figures(cluster, figures, mem.peak)))
 
                 # --- checkpoint
-                if cfg.checkpoint_every and state["step"] % cfg.checkpoint_every == 0:
+                if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
                     run.save()
 
-            if not run.stopping and run.saved_at != state["step"]:
+            if not run.stopping and run.saved_at != state.step:
                 run.save()
-        if run.saved_at != state["step"]:  # the last save failed: say what is not saved
+        if run.saved_at != state.step:  # the last save failed: say what is not saved
             print(
-                f"fleet train: stopped at update {state['step']} without a checkpoint of it; "
+                f"fleet train: stopped at update {state.step} without a checkpoint of it; "
                 f"resume from {run.last_saved or 'the start'} (free some disk first)",
                 file=sys.stderr,
                 flush=True,
             )
             return 1
         say(
-            f"done: {state['step']} updates, {state['tokens']:,} tokens; "
+            f"done: {state.step} updates, {state.tokens:,} tokens; "
             f"checkpoint {run.last_saved}"
         )
         clean = True
@@ -142,7 +147,7 @@ def train(
         who = run.culprit() or e
         return run.fail(
             f"lost contact with a peer rank during '{watchdog.stage}' at update "
-            f"{state['step']} ({who}). The run stopped; resume with --resume latest once "
+            f"{state.step} ({who}). The run stopped; resume with --resume latest once "
             "every rank is back.",
             1,
         )
@@ -163,7 +168,7 @@ def boundary(run: Run, controller: Controller) -> None:
     last update, for rank 0's memory caps and autopilot."""
     run.watchdog.progress("control")
     while True:
-        commands.apply(run, controller.exchange(run.state["split"], **run.measured))
+        commands.apply(run, controller.exchange(run.state.split, **run.measured))
         if run.stopping or not controller.paused:
             return
         # Paused: a heartbeat about twice a second keeps every collective bounded and notices

@@ -22,6 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
+from telemetry import rundir
 from telemetry.files import file_sha256, fsync_dir
 from trainer.checkpoint import manifest as mf
 from trainer.checkpoint.manifest import CONFIG as CONFIG  # the names every caller knows
@@ -45,7 +46,7 @@ class CheckpointError(RuntimeError):
 
 
 def root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return rundir.at(run_dir).checkpoints
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:

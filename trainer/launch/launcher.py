@@ -19,7 +19,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from telemetry import balance
+from telemetry import balance, rundir
 from trainer.blas import preload_env
 from trainer.launch import restart
 from trainer.launch.plan import LaunchError, Plan, mlx_launch_argv, plan_launch, rank_arguments
@@ -151,7 +151,7 @@ def next_attempt(
     hosts, hostfile = plan.hosts, plan.hostfile
     if plan.hosts and len(keep) < plan.world:
         hosts = [plan.hosts[i] for i in keep]
-        folder = Path(plan.run_dir) / "launch"
+        folder = rundir.at(plan.run_dir).launch
         folder.mkdir(parents=True, exist_ok=True)
         hostfile = str(folder / f"hosts-restart-{number}.json")
         Path(hostfile).write_text(json.dumps(hosts, indent=2) + "\n")

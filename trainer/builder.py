@@ -1,0 +1,307 @@
+"""Building a run: its folder, device and memory limits, data, model and optimizer, the loop
+state (fresh or from a verified checkpoint), the compiled update, telemetry."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import psutil
+
+from telemetry import auth, rundir
+from telemetry.control import CommandQueue
+from telemetry.files import atomic_write
+from telemetry.hub import Hub, ServerOptions
+from telemetry.records import PROTOCOL_VERSION, Hello, run_id_of
+from telemetry.reporter import Reporter
+from trainer import cuda_graphs, heartbeat, memory
+from trainer.alerts import Alerts
+from trainer.autopilot import Autopilot
+from trainer.checkpoint import catalog, store
+from trainer.config import ConfigError, TrainConfig
+from trainer.data.dataset import Dataset, SyntheticStream, TrainStream
+from trainer.distributed import Cluster, Watchdog
+from trainer.model.config import ModelConfig, padded_vocab
+from trainer.model.gpt import GPT
+from trainer.optim import make_optimizer
+from trainer.run import Data, Run
+from trainer.state import LoopState
+from trainer.step import SlowedStepper, Stepper
+
+SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
+
+
+def open_run(
+    cfg: TrainConfig,
+    cluster: Cluster,
+    resume: Path | None,
+    say: Callable[[str], None],
+    explicit: frozenset[str] = frozenset(),
+) -> Run:
+    """Build a Run: fresh, or from the verified checkpoint at `resume`."""
+    rank, world = cluster.rank, cluster.size
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cluster.is_root:
+        for tmp, dest in catalog.adopt(run_dir):
+            say(f"recovered checkpoint {dest.name} from {tmp.name}, left by a save cut short")
+        for p in catalog.clear_orphans(run_dir):
+            say(f"removed an unfinished checkpoint left by a crash: {p}")
+        # The resolved config, as this session runs it (checkpoints keep their own copy).
+        resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+        atomic_write(rundir.at(run_dir).config, resolved)
+
+    # --- device, memory limits, data, model and optimizer
+    graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
+    if cfg.device != "auto":
+        mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
+    notes = memory.apply_limits(
+        cfg.per_rank("cache_limit_gb", world, rank),
+        cfg.per_rank("memory_limit_gb", world, rank),
+        cfg.per_rank("wired_limit_gb", world, rank),
+    )
+    if mx.cuda.is_available():
+        notes.append(graphs)
+    data = open_data(cfg)
+    model, optimizer = build_model(cfg, data)
+
+    # --- the loop state, fresh or resumed
+    split = resumed_split(cfg, world, resume, explicit)
+    identity = {
+        "architecture": model.cfg.to_dict(),
+        "tokenizer": data.tokenizer_identity,
+        "dataset": data.identity,
+        "global_batch": {"microbatch": sum(split), "accum": cfg.accum},
+        "precision": cfg.precision,
+        "world_size": world,
+        "split": split,
+    }
+    state = LoopState(split=split)
+    if resume is not None:
+        catalog.check_compatible(catalog.verify(resume), identity, resume)
+        params, opt_state = store.load_arrays(resume)
+        model.update(params)
+        optimizer.state = opt_state
+        mx.eval(model.parameters(), optimizer.state)
+        state = LoopState.from_json(catalog.read_json(resume, catalog.STATE), split)
+        say(
+            f"resumed from {resume} at update {state.step} "
+            f"({state.tokens:,} tokens, data cursor {state.cursor:,})"
+        )
+
+    # --- the compiled update (it captures the optimizer state: build it once that is final)
+    slowdown = cfg.slowdown(world, rank)
+
+    def factor() -> float:  # the simulated slowdown at the update in progress
+        return next((f for at, f in reversed(slowdown) if state.step >= at), 1.0)
+
+    slowed = any(f > 1 for _, f in slowdown)
+    stepper = (SlowedStepper if slowed else Stepper)(
+        model,
+        optimizer,
+        precision=cfg.precision,
+        pad_id=data.pad_id,
+        grad_clip=cfg.grad_clip,
+        loss_chunk=cfg.loss_chunk,
+        grad_checkpoint=cfg.grad_checkpoint,
+        **({"factor": factor} if slowed else {}),
+    )
+    commands = CommandQueue()
+    run = Run(
+        cfg=cfg,
+        cluster=cluster,
+        model=model,
+        optimizer=optimizer,
+        stepper=stepper,
+        state=state,
+        data=data,
+        identity=identity,
+        banner=banner(cfg, model, data, world, split, notes),
+        reporter=open_telemetry(cfg, cluster, commands, split, say, explicit),
+        commands=commands,
+        saved_at=state.step if resume is not None else None,
+    )
+    run.pilot = Autopilot(
+        world,
+        enabled=cfg.autopilot,
+        min_gain=cfg.autopilot_min_gain,
+        window=cfg.autopilot_window,
+        cooldown=cfg.autopilot_cooldown,
+        pause_on_pressure=cfg.on_memory_pressure == "pause",
+    )
+    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.note)
+    run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
+    run.watchdog = Watchdog(
+        cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
+    )
+    if cluster.is_root:  # beats of ranks a larger fleet left behind would name ghosts
+        for r in range(world, world + 64):
+            heartbeat.clear(run_dir, r)
+    run.beat("starting", time.time())
+    return run
+
+
+def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:
+    """A freshly initialized GPT sized for the data, and its optimizer."""
+    try:
+        mcfg = ModelConfig.from_sizes(
+            depth=cfg.depth,
+            width=cfg.width,
+            heads=cfg.heads,
+            vocab=cfg.vocab or padded_vocab(data.vocab),
+            seq_len=data.seq_len,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model = GPT(mcfg)
+    model.init_weights(cfg.seed)
+    if cfg.precision == "bf16":
+        model.set_dtype(mx.bfloat16)
+    optimizer = make_optimizer(cfg)
+    optimizer.init(model.trainable_parameters())
+    return model, optimizer
+
+
+def banner(
+    cfg: TrainConfig, model: GPT, data: Data, world: int, split: list[int], notes: list[str]
+) -> str:
+    """What the run is, in a few lines: printed at the start and sent as the first event."""
+    m = model.cfg
+    return (
+        f"run {cfg.run_dir}: GPT {model.num_params() / 1e6:.2f}M params (depth {m.depth}, "
+        f"width {m.width}, heads {m.heads}, vocab {m.vocab}, seq {data.seq_len}), "
+        f"{cfg.precision}, {cfg.accum_mode} accumulation\n"
+        f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
+        f"{sum(split) * cfg.accum} samples/update; data {data.description}"
+        + (f"\n  memory: {', '.join(notes)}" if notes else "")
+        + (
+            f"\n  SIMULATED slowdown per rank: {cfg.simulate_slowdown} (for tests and demos)"
+            if cfg.simulate_slowdown
+            else ""
+        )
+    )
+
+
+def open_data(cfg: TrainConfig) -> Data:
+    """The prepared dataset (and its tokenizer), or synthetic tokens."""
+    if cfg.synthetic:
+        seq_len = cfg.seq_len or SYNTHETIC_SEQ_LEN
+        vocab = cfg.vocab or SYNTHETIC_VOCAB
+        return Data(
+            stream=SyntheticStream(vocab, seq_len, cfg.seed),
+            seq_len=seq_len,
+            vocab=vocab,
+            pad_id=-1,  # synthetic tokens are never padding
+            identity=f"synthetic:vocab={vocab}:seq={seq_len}",
+            tokenizer_identity={"kind": "synthetic"},
+            description=f"synthetic tokens (vocab {vocab})",
+        )
+    from trainer.data.tokenizer import identity_digest_part, load_tokenizer
+
+    dataset = Dataset.open(cfg.data)
+    if cfg.seq_len and cfg.seq_len != dataset.seq_len:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} differs from the dataset's {dataset.seq_len} "
+            f"({cfg.data}); prepare the data again with --seq-len {cfg.seq_len}"
+        )
+    return Data(
+        stream=TrainStream(dataset, cfg.seed),
+        seq_len=dataset.seq_len,
+        vocab=dataset.vocab_size,
+        pad_id=dataset.pad_id,
+        identity=dataset.digest,
+        tokenizer_identity=identity_digest_part(dataset.tokenizer),
+        description=f"{cfg.data} ({dataset.num_train:,} train / {dataset.num_val:,} val samples)",
+        dataset=dataset,
+        tokenizer=load_tokenizer(dataset.tokenizer),
+    )
+
+
+def resumed_split(
+    cfg: TrainConfig, world: int, resume: Path | None, explicit: frozenset[str]
+) -> list[int]:
+    """The batch split this session starts with: the flags', or, on resume without them, the
+    split in force at the checkpoint (a rebalance may have changed it)."""
+    split = cfg.split(world)
+    if resume is None or "local_batches" in explicit or "local_batch" in explicit:
+        return split
+    saved = catalog.read_json(resume, catalog.STATE)["split"]
+    if len(saved) == world:
+        return saved
+    if sum(split) != sum(saved):
+        raise ConfigError(
+            f"{resume} was saved by {len(saved)} rank(s) with split {saved}; this run has "
+            f"{world}: give --local-batches with the same global batch ({sum(saved)})"
+        )
+    return split
+
+
+def open_telemetry(
+    cfg: TrainConfig,
+    cluster: Cluster,
+    commands: CommandQueue,
+    split: list[int],
+    say: Callable[[str], None],
+    explicit: frozenset[str] = frozenset(),
+) -> Reporter:
+    """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands.
+
+    With the default port base (not given), every rank moves to the first base whose ports
+    are free on all of them, and rank 0 records it in RUN/telemetry/ports.json for the
+    console and `fleet telemetry`. An explicit --telemetry-port-base is used as given.
+    """
+    from telemetry import ports
+
+    rank, run_dir = cluster.rank, Path(cfg.run_dir)
+    hello = Hello(
+        protocol=PROTOCOL_VERSION,
+        run_id=run_id_of(run_dir),
+        rank=rank,
+        world_size=cluster.size,
+        host=socket.gethostname(),
+        platform=f"{platform.system()} {platform.machine()}",
+        chip=memory.device_name(),
+        memory_total=psutil.virtual_memory().total,
+        local_batch=split[rank],
+        config_digest=cfg.digest(),
+    )
+    base = cfg.telemetry_port_base
+    if base == ports.DEFAULT_PORT_BASE and "telemetry_port_base" not in explicit:
+        # Every rank takes part (a collective per candidate); none free: bind fails as before.
+        base = (
+            ports.agree_base(base, cluster.size, rank, cluster.all_sum_floats, cfg.telemetry_bind)
+            or base
+        )
+    port = base + rank if base else None
+    hub = Hub(
+        options=ServerOptions(bind=cfg.telemetry_bind, allow_remote=cfg.telemetry_remote),
+        run_dir=run_dir,
+        hello=hello,
+        port=port,
+        unix_socket=cfg.telemetry_unix_socket,
+        commands=commands if cluster.is_root else None,
+        key=auth.ensure_key(run_dir) if cluster.is_root else None,  # kept across resumes
+    )
+    hub.start()
+    if cluster.is_root:
+        served = ports.RecordedPorts(
+            base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
+        )
+        where = ports.keep(run_dir, served if port else None)
+        if where is not None:
+            moved = (
+                f" (the default {cfg.telemetry_port_base} is taken)"
+                if base != cfg.telemetry_port_base
+                else ""
+            )
+            say(
+                f"  telemetry: ranks on {cfg.telemetry_bind}:{base}+rank{moved}, recorded in "
+                f"{where}; control key {rundir.at(run_dir).control_key}"
+            )
+    return hub
