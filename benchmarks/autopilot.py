@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from telemetry.arrowlog import read_events, read_updates  # noqa: E402
-from tests.conftest import launch_args, run_fleet  # noqa: E402
+from tests.support.fleet import launch_args, run_fleet  # noqa: E402
 
 SLOW = "2,1,1,1@0;1,1,3,1@50"
 PHASES = [(0, [2, 1, 1, 1]), (50, [1, 1, 3, 1])]

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"catalog.py: {store.__file__}  seed {args.seed}")
+    print(f"store.py: {store.__file__}  seed {args.seed}")
     print(f"{'mode':8} {'trials':>6} {'failed':>7} {'wrong':>6} {'lost':>5} {'removed':>8}  cut at")
     for mode, r in rows.items():
         cuts = ", ".join(f"{k} {v}" for k, v in r["cut_at"].items())

@@ -30,8 +30,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import fleet_env, free_port, run_fleet  # noqa: E402
-from tests.test_distributed import TINY, rank_pid, wait_for_updates, weights  # noqa: E402
+from tests.support.fleet import fleet_env, free_port, run_fleet  # noqa: E402
+from tests.support.ranks import TINY, rank_pid, wait_for_updates, weights  # noqa: E402
 from trainer.checkpoint import catalog  # noqa: E402
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from telemetry.arrowlog import read_events, read_updates  # noqa: E402
-from tests.conftest import run_fleet  # noqa: E402
+from tests.support.fleet import run_fleet  # noqa: E402
 
 
 def main() -> int:

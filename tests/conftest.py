@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port(count: int = 1) -> int:
-    """A base port with `count` consecutive free loopback ports after it."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            held = []
-            for p in range(base, base + count):
-                t = socket.socket()
-                held.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in held:
-                t.close()
-    raise RuntimeError("no free port range")
+from tests.support.fleet import free_port
 
 
 @pytest.fixture
@@ -55,75 +28,10 @@ def tiny_data(tmp_path_factory) -> Path:
     return out
 
 
-def fleet_env(**extra: str) -> dict[str, str]:
-    """The environment for `fleet` subprocesses: this checkout first on the path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def run_fleet(
-    *args: str, timeout: float = 300, check: bool = True, **kw
-) -> subprocess.CompletedProcess:
-    """`fleet ARGS` in a fresh interpreter, as a user would run it."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=fleet_env(),
-        cwd=kw.get("cwd"),
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"fleet {' '.join(args)} exited {proc.returncode}:\n"
-            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return proc
-
-
-def launch_args(
-    n: int, data: Path, run: Path, *train_args: str, launch_opts: tuple[str, ...] = ()
-) -> list[str]:
-    """`launch -n N -- train --data D --run-dir R ARGS` (fleet's arguments), free ring ports."""
-    return [
-        "launch",
-        "-n",
-        str(n),
-        "--starting-port",
-        str(free_port(n + 1)),
-        *launch_opts,
-        "--",
-        "train",
-        "--data",
-        str(data),
-        "--run-dir",
-        str(run),
-        *train_args,
-    ]
-
-
-def spawn_launch(
-    n: int,
-    data: Path,
-    run: Path,
-    *train_args: str,
-    launch_opts: tuple[str, ...] = (),
-    **popen,
-) -> subprocess.Popen:
-    """A run of N real local ranks in the background; stderr is piped for its diagnosis."""
-    popen.setdefault("stdout", subprocess.PIPE)
-    args = launch_args(n, data, run, *train_args, launch_opts=launch_opts)
-    argv = [sys.executable, "-m", "fleet.cli", *args]
-    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=fleet_env(), **popen)
-
-
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
-    """A real sshd on a loopback address (tests/console_sshd.py), one per test module."""
-    from tests.console_sshd import SSHD
+    """A real sshd on a loopback address (tests/support/sshd.py), one per test module."""
+    from tests.support.sshd import SSHD
 
     server = SSHD(tmp_path_factory.mktemp("sshd")).start()
     yield server

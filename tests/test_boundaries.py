@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import fleet_env
+from tests.support.fleet import fleet_env
 
 PROBE = """
 import importlib, json, pkgutil, sys

@@ -1,0 +1,92 @@
+"""Real ranks of tiny runs: launched, found by pid, waited for, and their weights compared."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import psutil
+
+from tests.support.fleet import launch_args, run_fleet, spawn_launch
+from trainer.checkpoint import catalog
+
+TINY = [
+    "--depth",
+    "2",
+    "--width",
+    "64",
+    "--heads",
+    "2",
+    "--accum",
+    "2",
+    "--seed",
+    "4",
+    "--telemetry-port-base",
+    "0",
+]
+
+
+def launch(n: int, data: Path, run: Path, *train_args: str, check: bool = True):
+    return run_fleet(*launch_args(n, data, run, *TINY, *train_args), check=check)
+
+
+def single(data: Path, run: Path, *train_args: str):
+    return run_fleet("train", "--data", str(data), "--run-dir", str(run), *TINY, *train_args)
+
+
+def weights(run: Path, step: int) -> dict[str, np.ndarray]:
+    path = catalog.step_dir(run, step) / catalog.WEIGHTS
+    return {k: np.array(v) for k, v in mx.load(str(path)).items()}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], atol=1e-5, rtol=1e-4, err_msg=name)
+
+
+def rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
+    """The pid of rank `rank` of the run in `run` (found by its MLX_RANK and run folder)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or []
+                if str(run) in cmd and "train" in cmd and p.environ().get("MLX_RANK") == str(rank):
+                    return p.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} of {run} never started")
+
+
+def start(tiny_data: Path, run: Path, *extra: str, grace: str = "30") -> subprocess.Popen:
+    return spawn_launch(
+        *(3, tiny_data, run, *TINY, "--local-batches", "2,2,2", "--updates", "100000", *extra),
+        launch_opts=("--stop-grace", grace),
+    )
+
+
+def wait_for_updates(run: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((run / "telemetry").glob("rank-2*.arrow")):
+        assert time.monotonic() < deadline, "the run never started updating"
+        time.sleep(0.2)
+    time.sleep(1.0)
+
+
+def newest_step(run) -> int:
+    done = catalog.complete(run) if (run / "checkpoints").is_dir() else []
+    return max((int(p.name.split("-")[1]) for p in done), default=0)
+
+
+def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
+    """Until the run has saved `step` (a random point of the run, for the kill that follows)."""
+    deadline = time.monotonic() + timeout
+    while newest_step(run) < step:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"no checkpoint {step} in {timeout} s"
+        time.sleep(0.1)

@@ -1,0 +1,90 @@
+"""`fleet bench telemetry --trainer`: the overhead benchmark times the trainer's real update."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.fleet import run_fleet
+
+pytestmark = pytest.mark.slow
+
+
+def test_telemetry_overhead_on_the_real_update():
+    proc = run_fleet(
+        *("bench", "telemetry", "--only", "overhead", "--trainer", "--updates", "12", "--json"),
+        *("--depth", "1", "--width", "64", "--heads", "2", "--seq-len", "32", "--local-batch", "2"),
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: over 1%, possible on a busy machine
+    (name, r), *others = json.loads(proc.stdout)["overhead"].items()
+    assert name == "trainer" and others == []  # the stand-ins are not run instead
+    assert r["updates_per_arm"] >= 12 and r["median_on_ms"] > 0 and r["median_off_ms"] > 0
+    assert r["ok"] == (r["median_diff_pct"] <= 1.0) == (proc.returncode == 0)
+    assert r["stalled_dropped"] > 0  # the never-reading subscriber really was attached
+
+
+TINY = ("--depth", "6", "--width", "64", "--heads", "2", "--seq-len", "128", "--vocab", "256")
+BREAKDOWN_KEYS = (
+    "weights_bytes",
+    "twin_copies_bytes",
+    "optimizer_state_bytes",
+    "accumulator_bytes",
+    "gradient_bytes",
+    "loss_head_bytes",
+    "resident_bytes",
+    "loss_head_peak_bytes",
+    "forward_peak_bytes",
+    "microbatch_peak_bytes",
+    "gradients_held_bytes",
+    "compute_peak_bytes",
+    "optimizer_peak_bytes",
+    "kept_across_updates_bytes",
+    "cache_bytes",
+    "activations_bytes",
+)
+
+
+def _throughput(*extra: str) -> dict:
+    proc = run_fleet(
+        *("bench", "throughput", *TINY, "--local-batch", "4", "--updates", "2", "--warmup", "1"),
+        *extra,
+        "--json",
+    )
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+def test_throughput_reports_where_the_peak_goes(precision):
+    r = _throughput("--precision", precision)
+    m = r["memory"]
+    for key in BREAKDOWN_KEYS:
+        assert isinstance(m[key], int) and m[key] >= 0, key
+    n = r["params"]
+    assert m["weights_bytes"] == sum(m["weights_by_dtype"].values()) == 4 * n
+    assert m["twin_copies_bytes"] == (2 * n if precision == "mixed" else 0)
+    assert m["accumulator_bytes"] == m["gradient_bytes"] == 4 * n
+    assert m["optimizer_state_bytes"] >= 8 * n  # AdamW's two moments
+    # What the shapes fix is resident, and what is resident is within every phase's peak.
+    assert m["resident_bytes"] >= m["weights_bytes"] + m["optimizer_state_bytes"]
+    assert m["microbatch_peak_bytes"] >= m["resident_bytes"] + m["gradients_held_bytes"]
+    assert m["optimizer_peak_bytes"] >= m["resident_bytes"] + m["accumulator_bytes"]
+    assert m["resident_bytes"] < m["compute_peak_bytes"] <= 1.05 * r["peak_bytes"]
+    assert abs(m["gradients_held_bytes"] - m["gradient_bytes"]) <= 0.05 * m["gradient_bytes"]
+    assert m["kept_across_updates_bytes"] <= 0.05 * m["weights_bytes"]
+
+
+def test_grad_checkpoint_keeps_fewer_activations():
+    """Per-block recomputation, deep and narrow: the activations kept for the backward pass
+    are a fraction of what autodiff keeps without it (CPU allocations are deterministic)."""
+    plain, ckpt = _throughput(), _throughput("--grad-checkpoint")
+    assert ckpt["grad_checkpoint"] and not plain["grad_checkpoint"]
+    a, b = plain["memory"]["activations_bytes"], ckpt["memory"]["activations_bytes"]
+    assert b < 0.6 * a, (a, b)
+    assert ckpt["peak_bytes"] < plain["peak_bytes"]
+
+
+def test_cuda_graphs_setting_reaches_the_measuring_process():
+    r = _throughput("--cuda-graphs", "off", "--no-breakdown")
+    assert r["cuda_graphs"]["MLX_USE_CUDA_GRAPHS"] == "0" and r["memory"] is None

@@ -1,0 +1,202 @@
+"""`fleet launch --hostfile` as on a fleet of Macs: mlx.launch starts each rank over the system's
+ssh (a real sshd on a loopback address, two host aliases for it), the ranks meet over the ring
+backend, and the split still never changes the math. A host that ssh refuses is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import ROOT, fleet_env, free_port
+from tests.support.ranks import TINY, assert_same_weights, single, weights
+from tests.support.sshd import sshd_missing
+from trainer.checkpoint import catalog
+
+MISSING = sshd_missing() or ("" if shutil.which("ssh") else "no ssh client (openssh-client)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(MISSING) and not os.environ.get("CI"), reason=MISSING),
+]
+
+
+@pytest.fixture
+def ssh_path(tmp_path, sshd) -> str:
+    """A PATH whose `ssh` reads this test's config (OpenSSH takes ~ from the password
+    database, not $HOME, so the user's own ~/.ssh is neither read nor written). The config
+    reaches the test sshd as `mac-a` and `mac-b` (known host key; BatchMode: never a prompt)
+    and as `stranger`, whose key is not known."""
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    common = (
+        f"  HostName {sshd.address}\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.client_key}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+        "  StrictHostKeyChecking yes\n"
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host mac-a mac-b\n{common}  UserKnownHostsFile {sshd.known_hosts}\n"
+        f"Host stranger\n{common}  UserKnownHostsFile {empty}\n"
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "ssh"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    wrapper.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def launch(
+    ssh_path: str, hosts: list[str], data: Path, run: Path, split: str, *opts: str
+) -> subprocess.CompletedProcess:
+    hostfile = run.parent / f"{run.name}-hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
+        *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1))),
+        *("--stop-grace", "5", *opts, "--"),
+        *("train", "--data", str(data), "--run-dir", str(run), "--local-batches", split),
+        *(*TINY, "--updates", "2", "--checkpoint-every", "1"),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_ranks_started_over_ssh_train_the_same_model(tmp_path, ssh_path, tiny_data):
+    single(
+        tiny_data,
+        tmp_path / "whole",
+        "--local-batch",
+        "3",
+        "--updates",
+        "2",
+        "--checkpoint-every",
+        "1",
+    )
+    run = tmp_path / "two-hosts"
+    out = launch(ssh_path, ["mac-a", "mac-b"], tiny_data, run, "2,1")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for step in (1, 2):
+        assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))
+
+
+def test_a_host_ssh_refuses_is_named(tmp_path, ssh_path, tiny_data):
+    # --no-check: what mlx.launch itself meets when ssh refuses (the check would stop first)
+    run = tmp_path / "refused"
+    out = launch(ssh_path, ["mac-a", "stranger"], tiny_data, run, "2,1", "--no-check")
+    assert out.returncode == 1
+    assert "rank 1 failed first (exited with code 255: ssh could not start it on stranger" in (
+        out.stderr
+    )
+    assert "try `ssh stranger true`" in out.stderr
+    assert "Traceback" not in out.stderr  # mlx.launch's own clean-up trace is left out
+
+
+def test_a_host_lost_for_the_relaunch_is_left_out_with_the_same_global_batch(
+    tmp_path, sshd, tiny_data
+):
+    """--restarts 1 --allow-shrink: rank 2 dies and its host cannot be reached for the
+    relaunch; the run goes on over two hosts with the same global batch and ends with the
+    weights of a run that never failed."""
+    from tests.support.ranks import rank_pid, wait_for_checkpoint
+
+    reach = (
+        f"  HostName {sshd.address}\n  User {sshd.user}\n  IdentityFile {sshd.client_key}\n"
+        f"  IdentitiesOnly yes\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        f"  UserKnownHostsFile {sshd.known_hosts}\n  ConnectTimeout 3\n"
+    )
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host mac-a mac-b mac-c\n  Port {sshd.port}\n{reach}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    both = ("--updates", "8", "--checkpoint-every", "2")
+    single(tiny_data, tmp_path / "whole", "--local-batch", "6", *both)
+
+    run = tmp_path / "shrunk"
+    hostfile = tmp_path / "hosts.json"
+    hosts = ["mac-a", "mac-b", "mac-c"]
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    env = {**fleet_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("SSH_AUTH_SOCK", None)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
+            *("--backend", "ring", "--starting-port", str(free_port(4)), "--stop-grace", "10"),
+            *("--restarts", "1", "--allow-shrink", "--restart-backoff", "1", "--"),
+            *("train", "--data", str(tiny_data), "--run-dir", str(run)),
+            *("--local-batches", "2,2,2", *TINY, *both),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        victim = rank_pid(run, 2)
+        wait_for_checkpoint(run, 2, proc)
+        # mac-c is gone for the relaunch: its port now leads nowhere
+        nowhere = free_port()
+        config.write_text(
+            f"Host mac-a mac-b\n  Port {sshd.port}\n{reach}Host mac-c\n  Port {nowhere}\n{reach}"
+        )
+        os.kill(victim, 9)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "mac-c cannot be reached: going on with 2 rank(s)" in err
+    path, _, _ = catalog.resolve(run, "latest")
+    state = catalog.read_json(path, catalog.STATE)
+    assert state["step"] == 8 and sum(state["split"]) == 6 and len(state["split"]) == 2
+    assert_same_weights(weights(tmp_path / "whole", 8), weights(run, 8))
+
+
+def test_the_fleet_check_stops_a_launch_before_any_rank_starts(tmp_path, ssh_path, tiny_data):
+    out = launch(ssh_path, ["mac-a", "stranger"], tiny_data, tmp_path / "checked", "2,1")
+    assert out.returncode == 2
+    assert "stranger: ssh refused" in out.stderr and "try `ssh stranger true`" in out.stderr
+    assert "the fleet check failed (--no-check to start anyway)" in out.stderr
+    assert not (tmp_path / "checked").exists()  # nothing started, nothing written
+
+
+def check(ssh_path: str, hostfile: Path, hosts: list[str], *args: str):
+    """`fleet check --hostfile` over the test sshd's aliases."""
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "check", "--hostfile", str(hostfile)),
+        *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1)), *args),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_fleet_check_passes_a_healthy_fleet_and_times_its_links(tmp_path, ssh_path, tiny_data):
+    train = ("--", "train", "--data", str(tiny_data), "--run-dir", str(tmp_path / "r"), *TINY)
+    out = check(ssh_path, tmp_path / "h.json", ["mac-a", "mac-b"], *train)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "no problems found" in out.stdout
+    assert "GB/s" in out.stdout and "ring" in out.stdout  # the group formed and was timed
+
+
+def test_fleet_check_names_a_refused_host_and_other_versions(tmp_path, ssh_path, tiny_data):
+    hostfile = tmp_path / "h.json"
+    out = check(ssh_path, hostfile, ["mac-a", "stranger"], "--", "train", "--data", str(tiny_data))
+    assert out.returncode == 1
+    assert "problem: stranger: ssh refused" in out.stdout
+    assert "problem: mac-a" not in out.stdout
+    # another interpreter there: its versions differ from this machine's
+    system = "/usr/bin/python3"
+    if Path(system).exists() and os.path.realpath(system) != os.path.realpath(sys.executable):
+        out = check(ssh_path, hostfile, ["mac-a"], "--python", system)
+        assert out.returncode == 1
+        assert "problem: mac-a: mlx not installed, this machine has" in out.stdout

@@ -1,0 +1,156 @@
+"""The Arrow log survives crashes and resumes; `fleet report` reads the run back from it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pytest
+from rich.console import Console
+
+from bench import synthetic
+from fleet.cli import main as fleet_main
+from telemetry.arrowlog import ArrowLog, log_ranks, read_events, read_stream, read_updates
+from telemetry.errors import TelemetryError
+from telemetry.records import Event
+from telemetry.report import render, summarize
+
+
+def write_batches(run_dir, rank: int, steps: range, close: bool = True) -> ArrowLog:
+    log = ArrowLog(run_dir, rank)
+    log.directory.mkdir(parents=True, exist_ok=True)
+    for step in steps:  # one batch per update, as the writer thread does when it keeps up
+        log.write([synthetic.update(step, rank)])
+    if close:
+        log.close()
+    return log
+
+
+def test_unclosed_writer_leaves_a_readable_log(tmp_path):
+    log = write_batches(tmp_path, 0, range(1, 6), close=False)  # a crash: no end-of-stream
+    assert read_updates(tmp_path, 0)["step"].to_pylist() == [1, 2, 3, 4, 5]
+    batches, whole = read_stream(log.paths[0])
+    assert whole and len(batches) == 5
+
+
+def test_log_cut_mid_batch_keeps_the_batches_before(tmp_path):
+    log = write_batches(tmp_path, 0, range(1, 6), close=False)
+    path = log.paths[0]
+    size = path.stat().st_size
+    for cut in (size - 1, size - 40, size - 200):
+        data = path.read_bytes()[:cut]
+        damaged = tmp_path / "telemetry" / "rank-7.arrow"
+        damaged.write_bytes(data)
+        steps = read_updates(tmp_path, 7)["step"].to_pylist()
+        assert steps == list(range(1, len(steps) + 1)) and 1 <= len(steps) < 5
+        assert read_stream(damaged)[1] is False
+    damaged.write_bytes(path.read_bytes()[:20])  # cut inside the schema
+    assert read_updates(tmp_path, 7).num_rows == 0
+
+
+def test_background_thread_writes_and_close_flushes(tmp_path):
+    log = ArrowLog(tmp_path, 3, interval=0.05).start()
+    for step in range(1, 101):
+        log.put(synthetic.update(step, 3))
+    log.put(Event("eval", 3, 100, data={"val_loss": 2.5, "val_tokens": 10}))
+    log.close()
+    assert read_updates(tmp_path, 3)["step"].to_pylist() == list(range(1, 101))
+    (event,) = read_events(tmp_path, 3)
+    assert event.kind == "eval" and event.data == {"val_loss": 2.5, "val_tokens": 10}
+    assert log.dropped == 0 and log_ranks(tmp_path) == [3]
+
+
+def test_resume_starts_a_new_segment_and_readers_join_them(tmp_path):
+    write_batches(tmp_path, 0, range(1, 4))
+    write_batches(tmp_path, 0, range(4, 7), close=False)  # resumed, then crashed
+    write_batches(tmp_path, 0, range(7, 9))  # resumed again
+    names = sorted(p.name for p in (tmp_path / "telemetry").iterdir())
+    assert names == ["rank-0.1.arrow", "rank-0.2.arrow", "rank-0.arrow"]
+    assert read_updates(tmp_path, 0)["step"].to_pylist() == list(range(1, 9))
+
+
+def test_odd_values_are_coerced_not_fatal(tmp_path):
+    class Scalar(float):  # what a numpy / mlx scalar looks like to the writer
+        pass
+
+    log = ArrowLog(tmp_path, 0)
+    log.directory.mkdir(parents=True, exist_ok=True)
+    rec = synthetic.update(1)
+    rec.loss = Scalar(2.5)
+    rec.mem_pressure = None
+    bad = synthetic.update(2)
+    bad.step = "two"  # type: ignore[assignment]
+    log.write([rec, bad, Event("sample", 0, 1, data={"path": tmp_path})])
+    log.close()
+    table = read_updates(tmp_path, 0)
+    assert table["loss"].to_pylist() == [2.5] and log.dropped == 1
+    assert table.schema.field("loss").type == pa.float64()
+    assert read_events(tmp_path, 0)[0].data == {"path": str(tmp_path)}
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def test_report_names_the_straggler_and_shows_the_rebalance(tmp_path):
+    synthetic.write_run(tmp_path, world_size=3, steps=60, slow_rank=2, rebalance_at=30)
+    s = summarize(tmp_path)
+    assert [r["rank"] for r in s["ranks"]] == [0, 1, 2]
+    assert s["straggler"]["rank"] == 2 and s["straggler"]["excess"] > 0.1
+    others = [r["median_compute_s"] for r in s["ranks"] if r["rank"] != 2]
+    assert s["straggler"]["median_compute_s"] > max(others)
+    fastest = min(s["ranks"], key=lambda r: r["median_compute_s"])
+    assert fastest["wait_share"] > s["ranks"][2]["wait_share"]  # the fast wait for the slow
+    (move,) = s["rebalances"]
+    assert move["step"] == 30 and move["from"] == [4, 4, 4]
+    assert move["to"][2] < 4 and sum(move["to"]) == 12  # the straggler was given less
+    assert move["before"]["updates"] == 30 and move["after"]["updates"] == 30
+    assert move["update_s_change"] < 0 and move["tokens_per_s_change"] > 0
+    assert s["loss"]["first"]["step"] == 1 and s["loss"]["last"]["step"] == 60
+    assert s["loss"]["min"]["loss"] <= s["loss"]["last"]["loss"] < s["loss"]["first"]["loss"]
+    assert [e["step"] for e in s["evals"]] == [20, 40, 60]
+    assert s["events"]["rebalanced"] == 3  # one per rank, reported once
+
+    out = io.StringIO()
+    render(s, Console(file=out, width=140))
+    text = out.getvalue()
+    assert "Straggler: rank 2" in text and "Rebalances" in text
+
+
+def test_report_without_a_slow_rank_has_no_large_straggler(tmp_path):
+    synthetic.write_run(tmp_path, world_size=2, slow_rank=None, rebalance_at=None)
+    s = summarize(tmp_path)
+    assert abs(s["straggler"]["excess"]) < 0.05 and s["rebalances"] == []
+
+
+def test_report_cli_json_and_errors(tmp_path, capsys):
+    synthetic.write_run(tmp_path / "run", world_size=2, steps=10, rebalance_at=5, slow_rank=1)
+    assert fleet_main(["report", str(tmp_path / "run"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["straggler"]["rank"] == 1 and len(data["rebalances"]) == 1
+    assert fleet_main(["report", str(tmp_path / "run")]) == 0
+    assert "Per rank" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert fleet_main(["report", str(tmp_path / "empty")]) == 1
+    assert "no telemetry logs" in capsys.readouterr().err
+    with pytest.raises(TelemetryError, match="no such run folder"):
+        summarize(tmp_path / "missing")
+
+
+def test_report_into_a_closed_pipe_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.fleet import fleet_env
+
+    write_batches(tmp_path, 0, range(1, 4))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet.cli", "report", str(tmp_path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=fleet_env(),
+    )
+    proc.stdout.close()  # the reader is gone before a byte is written (`... | head -0`)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141
+    assert b"Traceback" not in err and err == b""

@@ -1,0 +1,143 @@
+"""The autopilot and the alerts: converging on a fixed slowdown, still on noise, guarding
+memory (fast: figures as ranks report them), and on real ranks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from trainer.alerts import Alerts
+from trainer.autopilot import Autopilot, RankFigures
+from trainer.config import ConfigError, TrainConfig
+
+GiB = 2**30
+
+
+def simulate(costs, split, updates=200, noise=0.02, pilot=None, seed=0, change_at=None):
+    """Feed the pilot what ranks of these per-sample costs would measure; apply its commands
+    at the next boundary, as the controller does. Returns (splits it chose, pilot)."""
+    rng = random.Random(seed)
+    pilot = pilot or Autopilot(len(split), enabled=True)
+    chosen, queued = [], []
+    for step in range(updates):
+        for cmd, args in queued:
+            if cmd == "rebalance":
+                split = args["split"]
+                chosen.append(split)
+        if change_at and step == change_at[0]:
+            costs = change_at[1]
+        figures = [
+            RankFigures(b, 0.002 + c * b * rng.uniform(1 - noise, 1 + noise), GiB, 0, 0, None)
+            for c, b in zip(costs, split, strict=True)
+        ]
+        queued = pilot.observe(split, figures).commands
+    return chosen, pilot
+
+
+def slowest(costs, split):
+    return max(0.002 + c * b for c, b in zip(costs, split, strict=True))
+
+
+def test_a_fixed_slowdown_converges_within_two_changes():
+    costs = [0.02, 0.01, 0.01, 0.01]  # rank 0 takes twice as long per sample
+    chosen, _ = simulate(costs, [2, 2, 2, 2])
+    assert 1 <= len(chosen) <= 2
+    best = min(
+        slowest(costs, [a, b, c, 8 - a - b - c])
+        for a in range(1, 6)
+        for b in range(1, 6)
+        for c in range(1, 6)
+        if 8 - a - b - c >= 1
+    )
+    assert best / slowest(costs, chosen[-1]) >= 0.95
+
+
+def test_noise_alone_changes_nothing():
+    for seed in range(5):
+        chosen, _ = simulate([0.01] * 4, [2, 2, 2, 2], noise=0.10, seed=seed)
+        assert chosen == []
+
+
+def test_a_slowdown_that_moves_is_followed():
+    before, after = [0.02, 0.01, 0.01, 0.01], [0.01, 0.01, 0.03, 0.01]
+    chosen, _ = simulate(before, [2, 2, 2, 2], updates=300, change_at=(100, after))
+    assert chosen and chosen[-1][2] < chosen[-1][0]  # rank 2 is now the one given less
+
+
+def test_the_memory_guard_moves_samples_off_a_pressed_rank():
+    pilot = Autopilot(3, enabled=True)
+    split, decided = [3, 3, 3], []
+    for _ in range(5):
+        figures = [
+            RankFigures(3, 0.03, 2 * GiB, 0, 0, 8 * GiB),
+            RankFigures(3, 0.03, 2 * GiB, 0, 0, 8 * GiB),
+            RankFigures(3, 0.03, 7.5 * GiB, 0, 0, 8 * GiB),  # over 85% of its limit
+        ]
+        decided += pilot.observe(split, figures).commands
+    ((cmd, args),) = decided  # once: then it waits for figures at the new split
+    assert cmd == "rebalance" and args["split"][2] < 3 and sum(args["split"]) == 9
+    assert "memory guard" in args["reason"] and "rank 2: peak 7.50 GiB" in args["reason"]
+
+
+def test_when_no_split_fits_the_guard_warns_and_pauses():
+    pilot = Autopilot(2, enabled=True, pause_on_pressure=True)
+    d = None
+    for _ in range(5):
+        d = pilot.observe([1, 1], [RankFigures(1, 0.01, 7.9 * GiB, 0, 0, 8 * GiB)] * 2)
+        if d.commands:
+            break
+    assert d.commands == [("checkpoint", {}), ("pause", {})]
+    assert d.notes[0][0] == "alert" and "no split fits" in d.notes[0][1]
+
+
+def test_a_pilot_that_is_off_only_tells():
+    pilot = Autopilot(2, enabled=False)
+    for _ in range(5):
+        d = pilot.observe([2, 2], [RankFigures(2, 0.01, GiB, 0, 0.9, None)] * 2)
+        assert d.commands == []
+    assert any(kind == "alert" for kind, _, _ in simulate_notes(pilot))
+
+
+def simulate_notes(pilot):
+    pilot.pressed_before = set()
+    return pilot.observe([2, 2], [RankFigures(2, 0.01, GiB, 0, 0.9, None)] * 2).notes
+
+
+def test_alerts_reach_a_command_once_per_kind(tmp_path):
+    now = [0.0]
+    seen = []
+    out = tmp_path / "alerts.jsonl"
+    alerts = Alerts(f"cat >> {out}", 300, lambda *a: seen.append(a), clock=lambda: now[0])
+    assert alerts.raise_("disk", "no space", free=1)
+    assert not alerts.raise_("disk", "no space again")  # within 300 s: once
+    now[0] = 301
+    assert alerts.raise_("disk", "still no space")
+    alerts.close()
+    # each alert runs its own command, without waiting for the last: any order may land
+    lines = sorted((json.loads(x) for x in out.read_text().splitlines()), key=lambda x: x["time"])
+    assert [x["message"] for x in lines] == ["no space", "still no space"]
+    assert lines[0]["kind"] == "disk" and lines[0]["free"] == 1
+    assert [s[0] for s in seen] == ["alert", "alert"]
+
+
+def test_alerts_watch_the_loss_and_the_throughput():
+    seen = []
+    alerts = Alerts("", 0, lambda kind, msg, data: seen.append(data["alert"]))
+    for step in range(40):
+        alerts.watch(step, 2.0, 1000.0)
+    assert seen == []
+    alerts.watch(41, 9.0, 1000.0)  # a spike
+    for step in range(42, 80):
+        alerts.watch(step, 2.0, 300.0)  # throughput falls to 30%
+    alerts.watch(81, float("nan"), 1000.0)
+    assert seen[0] == "loss" and "throughput" in seen and seen[-1] == "loss"
+
+
+def test_a_slowdown_schedule_is_read_per_rank():
+    cfg = TrainConfig(synthetic=True, simulate_slowdown="2,1,1,1@0;1,1,3,1@50")
+    assert cfg.slowdown(4, 0) == [(0, 2.0), (50, 1.0)]
+    assert cfg.slowdown(4, 2) == [(0, 1.0), (50, 3.0)]
+    with pytest.raises(ConfigError, match="later than the last"):
+        TrainConfig(simulate_slowdown="2@5;1@5").slowdown(1, 0)

@@ -1,0 +1,99 @@
+"""Configuration: flags, TOML files and their errors."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, load_file
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_flags_override_the_file_which_overrides_defaults(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('data = "d"\ndepth = 3\nlocal-batches = [3, 2, 1]\nlr = 1\n')
+    cfg = from_args(parse("--config", str(f), "--depth", "5"))
+    assert (cfg.data, cfg.depth, cfg.local_batches, cfg.lr) == ("d", 5, "3,2,1", 1.0)
+    assert cfg.accum == TrainConfig.accum  # untouched default
+    assert cfg.split(3) == [3, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("depth = ", "not valid TOML"),
+        ("depht = 3", "unknown key 'depht'"),
+        ('depth = "three"', "depth must be int"),
+        ('precision = "fp8"', "precision must be one of"),
+        ("synthetic = 1", "synthetic must be true or false"),
+    ],
+)
+def test_malformed_config_files_name_the_problem(tmp_path, text, message):
+    f = tmp_path / "run.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_file(f)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_file(tmp_path / "nope.toml")
+
+
+def test_per_rank_values_must_match_the_world():
+    cfg = TrainConfig(synthetic=True, local_batches="3,2", cache_limit_gb="16,4,4")
+    with pytest.raises(ConfigError, match="has 2 values"):
+        cfg.split(3)
+    with pytest.raises(ConfigError, match="one value, or one per rank"):
+        cfg.per_rank("cache_limit_gb", 2, 0)
+    assert cfg.per_rank("cache_limit_gb", 3, 1) == 4.0
+    assert TrainConfig(cache_limit_gb="8").per_rank("cache_limit_gb", 5, 4) == 8.0
+    with pytest.raises(ConfigError, match="at least 1"):
+        TrainConfig(local_batches="2,0").split(2)
+
+
+def test_a_run_needs_data_or_synthetic():
+    with pytest.raises(ConfigError, match="--data"):
+        TrainConfig().validate()
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("lr = nan", "--lr must be a finite number"),
+        ("lr = inf", "--lr must be a finite number"),
+        ("collective-timeout = -1.0", "--collective-timeout must not be negative"),
+        ("depth = 100000000000000000000", "--depth 100000000000000000000 is beyond any machine"),
+        ("beta2 = 1.0", "--beta2 must be in [0, 1)"),
+        ("min-lr-ratio = 2.0", "--min-lr-ratio is a fraction"),
+        ("log-every = 0", "--log-every must be at least 1"),
+    ],
+)
+def test_every_bad_value_is_refused_by_name(tmp_path, toml, message):
+    f = tmp_path / "run.toml"
+    f.write_text(f"synthetic = true\n{toml}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_args(parse("--config", str(f)))
+
+
+def test_a_binary_config_file_is_refused_in_one_line(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not a text file"):
+        load_file(f)
+
+
+def test_nan_lr_from_the_command_line_is_an_error_not_a_traceback(tmp_path):
+    from tests.support.fleet import run_fleet
+
+    proc = run_fleet("train", "--synthetic", "--lr", "nan", "--run-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2
+    assert "fleet train: error: --lr must be a finite number" in proc.stderr
+    assert "Traceback" not in proc.stderr
