@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from telemetry.units import GiB, MiB
+
 if TYPE_CHECKING:
     from bench.update import SyntheticUpdate
-
-GiB = 1024**3
 
 
 def shapes(upd: SyntheticUpdate, precision: str, seq_len: int, loss_chunk: int) -> dict:
@@ -172,7 +172,7 @@ def table(memory: dict, title: str):
     """The breakdown as a rich Table."""
     from rich.table import Table
 
-    unit, size = ("GiB", GiB) if memory["compute_peak_bytes"] >= 4 * GiB else ("MiB", 1 << 20)
+    unit, size = ("GiB", GiB) if memory["compute_peak_bytes"] >= 4 * GiB else ("MiB", MiB)
     t = Table(title=title)
     for col, justify in (("part", "left"), (unit, "right"), ("how", "left")):
         t.add_column(col, justify=justify)

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from console.hostfile import RankTarget
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from telemetry.records import Event, Hello, Update
+from telemetry.units import GiB
 
 if TYPE_CHECKING:
     from console.app import FleetApp
-
-GiB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

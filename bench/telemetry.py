@@ -34,6 +34,7 @@ from telemetry.client import TelemetryClient
 from telemetry.errors import TelemetryError
 from telemetry.hub import ANY_PORT, Hub
 from telemetry.records import Event
+from telemetry.units import MiB
 
 PARTS = ("overhead", "memory", "fuzz")
 
@@ -330,16 +331,16 @@ def memory(run_dir: Path, n: int) -> dict[str, Any]:
     first, mid, last = samples[0], samples[len(samples) // 2], samples[-1]
     return {
         "updates": n,
-        "rss_first_mib": first / 2**20,
-        "rss_mid_mib": mid / 2**20,
-        "rss_last_mib": last / 2**20,
-        "rss_max_mib": max(samples) / 2**20,
+        "rss_first_mib": first / MiB,
+        "rss_mid_mib": mid / MiB,
+        "rss_last_mib": last / MiB,
+        "rss_max_mib": max(samples) / MiB,
         "growth_pct": (last - first) / first * 100,
         "second_half_growth_pct": (last - mid) / first * 100,
         "stalled_dropped": stats.get("dropped_for_subscribers", 0),
         "queue_dropped": stats.get("dropped_in_queue", 0),
         "log_dropped": stats.get("log_dropped", 0),
-        "samples_mib": [round(x / 2**20, 1) for x in samples],
+        "samples_mib": [round(x / MiB, 1) for x in samples],
         "ok": last - mid <= 0.02 * first,
     }
 
@@ -373,7 +374,7 @@ def _print(results: dict[str, Any]) -> None:
         )
     if f := results.get("fuzz"):
         print(
-            f"fuzz: {f['inputs']} malformed inputs ({f['bytes_sent'] / 2**20:.1f} MiB) in "
+            f"fuzz: {f['inputs']} malformed inputs ({f['bytes_sent'] / MiB:.1f} MiB) in "
             f"{f['seconds']:.1f} s; {f['closed_on_error']} connections closed on error; "
             f"{f['serving_checks_passed']} serving checks passed; max on_update "
             f"{f['max_on_update_us']:.0f} us; commands reaching the run: "

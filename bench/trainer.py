@@ -16,8 +16,7 @@ import time
 
 from bench.breakdown import breakdown, table
 from bench.update import make_update
-
-GiB = 1024**3
+from telemetry.units import GiB
 
 # The model flags every measured configuration passes to its worker (bench/cli.py's _model_args).
 MODEL_FLAGS = (

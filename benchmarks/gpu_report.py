@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-GiB = 1024**3
+from telemetry.units import GiB
+
 PEAK_FLOPS = float(os.environ.get("PEAK_TFLOPS", "989")) * 1e12  # H200 dense bf16
 KEEP = (
     "framework",

@@ -18,7 +18,7 @@ import json
 import subprocess
 import sys
 
-GiB = 1024**3
+from telemetry.units import GiB
 
 
 def peak_of(batch: int, limit_gb: float, flags: list[str], cache: dict[int, int]) -> int:

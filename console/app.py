@@ -22,8 +22,8 @@ from textual.widgets import Footer
 from console import events, snapshot
 from console.feed import Feed, Inbox, Playback
 from console.fleet import Fleet
+from console.link_phase import UP
 from console.messages import CommandFailed, CommandSent, FeedReady, RankSelected
-from console.model import UP
 from console.screens import (
     ConfirmScreen,
     HelpScreen,

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from console.hostfile import DEFAULT_PORT_BASE, HostfileError
 from telemetry import rundir
+from telemetry.units import MiB
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -280,7 +281,7 @@ def _gather(args: argparse.Namespace) -> int:
     finally:
         pool.close()
     fetched = [c for c in copied if c.fetched]
-    size = sum(c.size for c in fetched) / 1024**2
+    size = sum(c.size for c in fetched) / MiB
     print(
         f"gathered {len(fetched)} log files ({size:.1f} MiB; {len(copied) - len(fetched)} "
         f"unchanged) from {len({c.host for c in copied})} hosts into {dest}: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from console.model import UP, LinkPhase, LinkStatus
+from console.link_phase import UP, LinkPhase, LinkStatus
 from telemetry.records import Event, Reply
 
 # The level of each kind of event the trainer emits; any other kind is info.

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from console.hostfile import RankTarget
-from console.model import LinkSink, LinkStatus
+from console.link_phase import LinkSink, LinkStatus
 from telemetry.records import Message
 
 INBOX_LIMIT = 100_000  # items; beyond this the UI is hopelessly behind and the oldest go

@@ -1,4 +1,4 @@
-"""The console's model of the fleet: each rank's view, the run's flags, the event log.
+"""The fleet as the console sees it: each rank's view, the run's flags, the event log.
 
 Pure (no Textual): links or a replay feed it through `apply` / `absorb`; the app, `--once`
 and the benchmark read it. The log's wording is in `console.events`, its lines in
@@ -18,7 +18,7 @@ from console import events
 from console.events import LogLine
 from console.hostfile import RankTarget
 from console.journal import Journal
-from console.model import NOBODY, UP, LinkPhase, LinkStatus
+from console.link_phase import NOBODY, UP, LinkPhase, LinkStatus
 from console.series import Series
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
 

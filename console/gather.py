@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from console.hostfile import RankTarget
 from console.ssh import SSHError, SSHPool
 from telemetry import rundir
+from telemetry.units import MiB
 
 # Any segment of a rank's update or event log, as telemetry.arrowlog names them
 # (update_stem, event_stem): rank-3.arrow, rank-3.1.arrow, events-rank-3.arrow, ...
@@ -93,7 +94,7 @@ def gather(
                 problems.append(f"{host}: {e}")
                 continue
             copied.append(Copied(rank, host, name, got, fetched=True))
-            say(f"rank {rank} ({host}): {name} {got / 1024**2:.1f} MiB")
+            say(f"rank {rank} ({host}): {name} {got / MiB:.1f} MiB")
     if targets:
         root = targets[0]
         try:

@@ -5,7 +5,7 @@ plain thread. The loop reports through a `LinkSink` only (its phase changes and 
 it reads), so the UI thread never touches a socket. A lost console never disturbs the run: a
 subscriber only reads, and the rank never waits for it.
 
-Its phases are drawn in `console.model`'s docstring; how it reaches the rank is a
+Its phases are drawn in `console.link_phase`'s docstring; how it reaches the rank is a
 `console.connectors.Connector`.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from console.connectors import Connector, LinkRefused
 from console.hostfile import RankTarget
-from console.model import UP, LinkPhase, LinkSink, LinkStatus
+from console.link_phase import UP, LinkPhase, LinkSink, LinkStatus
 from telemetry.backoff import Backoff
 from telemetry.errors import ConnectionLost, TelemetryError
 from telemetry.records import Hello

@@ -12,8 +12,8 @@ from typing import Any
 
 from console.connectors import Connector, same_run
 from console.hostfile import RankTarget
+from console.link_phase import UP, LinkSink, LinkStatus
 from console.links import RankLink
-from console.model import UP, LinkSink, LinkStatus
 from telemetry.errors import AuthError
 from telemetry.records import Hello, Message
 

@@ -19,8 +19,8 @@ from rich.text import Text
 from console import events, fmt, render
 from console.feed import Inbox
 from console.fleet import Fleet, RankView
+from console.link_phase import LinkPhase
 from console.live import LiveFeed
-from console.model import LinkPhase
 from console.snapshot import header, snapshot
 from telemetry.records import Hello, Update
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from console import fmt
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from telemetry.records import Update
 
 COMPUTE, WAIT, OTHER = "█", "░", "▒"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from console.hostfile import RankTarget
-from console.model import LinkPhase, LinkSink, LinkStatus
+from console.link_phase import LinkPhase, LinkSink, LinkStatus
 from telemetry import arrowlog, rundir
 from telemetry.errors import TelemetryError
 from telemetry.records import Event, Hello, Message, Update

@@ -11,7 +11,7 @@ from typing import Any
 
 from console import fmt
 from console.fleet import Fleet, RankView
-from console.model import UP
+from console.link_phase import UP
 from telemetry import balance
 
 SMOOTH = 10  # updates averaged for rates, the update time and the straggler

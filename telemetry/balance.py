@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from telemetry.split import problems
+from telemetry.units import gib_text
 
 # Fewer updates than this per rank and a fit is called a guess.
 MIN_UPDATES = 3
@@ -319,7 +320,7 @@ def validate(
     def why(rank: int, batch: int) -> str:
         m = models[rank]
         return (
-            f"~{_gib(m.mem(batch))} of {_gib(m.mem_limit or 0)}; "
+            f"~{gib_text(m.mem(batch))} of {gib_text(m.mem_limit or 0)}; "
             f"cap {caps[rank]} with {headroom:.0%} headroom"
         )
 
@@ -328,7 +329,3 @@ def validate(
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"

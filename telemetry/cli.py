@@ -13,6 +13,7 @@ from telemetry.errors import AuthError, ConnectionLost, TelemetryError
 from telemetry.protocol import DEFAULT_PORT_BASE
 from telemetry.records import COMMANDS, Dropped, Event, Hello, Message, Reply, Update
 from telemetry.split import parse as parse_split
+from telemetry.units import gib_text
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
@@ -204,16 +205,12 @@ def _emit(msg: Message, as_json: bool) -> None:
         print(describe(msg), flush=True)
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 def describe(msg: Message) -> str:
     """One human line for a message."""
     if isinstance(msg, Hello):
         return (
             f"hello: rank {msg.rank}/{msg.world_size} of run {msg.run_id} on {msg.host} "
-            f"({msg.chip}, {_size(msg.memory_total)}), local batch {msg.local_batch}; "
+            f"({msg.chip}, {gib_text(msg.memory_total)}), local batch {msg.local_batch}; "
             f"history: {msg.backlog} updates, {msg.event_backlog} events"
         )
     if isinstance(msg, Update):
@@ -222,7 +219,7 @@ def describe(msg: Message) -> str:
             f"step {msg.step} r{msg.rank} loss {msg.loss:.4f} lr {msg.lr:.2e} | "
             f"compute {ms(msg.compute_s)} wait {ms(msg.wait_s)} xfer {ms(msg.transfer_s)} "
             f"update {ms(msg.update_s)} | {msg.tokens_per_s / 1000:.1f}k tok/s | "
-            f"peak {_size(msg.peak_mem)}" + (" (simulated)" if msg.simulated else "")
+            f"peak {gib_text(msg.peak_mem)}" + (" (simulated)" if msg.simulated else "")
         )
     if isinstance(msg, Event):
         data = f" {json.dumps(msg.data, default=str)}" if msg.data else ""

@@ -10,6 +10,7 @@ from typing import Any
 from telemetry.arrowlog import log_dir, log_ranks, read_events, read_updates
 from telemetry.errors import TelemetryError
 from telemetry.records import Event
+from telemetry.units import GiB
 
 
 def _median(values: list[float]) -> float | None:
@@ -188,7 +189,7 @@ def _ms(s: float | None) -> str:
 
 
 def _gib(n: int | None) -> str:
-    return "-" if not n else f"{n / 2**30:.2f} GiB"
+    return "-" if not n else f"{n / GiB:.2f} GiB"
 
 
 def _pct(r: float | None, signed: bool = False) -> str:

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from telemetry import balance
+from telemetry.units import GiB, MiB
 
-SWAP_GROWTH = 256 * 2**20  # swap grown by this much over a window: the rank is swapping
+SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
 # A rank whose compute per sample deviates from its median by as much as the median itself
 # (the median deviation, relative) is not read at all. Below that the median is trusted: a
@@ -51,7 +52,7 @@ class Decision:
     """Commands for rank 0's queue, and what to tell the operator."""
 
     commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    notes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # kind, text, data
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # kind, text, data
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Autopilot:
         if pressed and not self.enabled:  # watched, not steered: the operator hears of it
             if set(pressed) != self.pressed_before:
                 text = "; ".join(f"rank {r}: {why}" for r, why in sorted(pressed.items()))
-                out.notes.append(("alert", f"memory pressure: {text}", {"ranks": sorted(pressed)}))
+                out.events.append(("alert", f"memory pressure: {text}", {"ranks": sorted(pressed)}))
             self.pressed_before = set(pressed)
         elif pressed:
             self._relieve(split, pressed, out)
@@ -114,11 +115,11 @@ class Autopilot:
             grown = (self.swaps[r][-1] - self.swaps[r][0]) if len(self.swaps[r]) > 1 else 0
             if f.limit and f.peak > (1 - self.headroom) * f.limit:
                 why[r] = (
-                    f"peak {f.peak / 2**30:.2f} GiB is over {1 - self.headroom:.0%} of its "
-                    f"{f.limit / 2**30:.2f} GiB limit"
+                    f"peak {f.peak / GiB:.2f} GiB is over {1 - self.headroom:.0%} of its "
+                    f"{f.limit / GiB:.2f} GiB limit"
                 )
             elif grown > SWAP_GROWTH:
-                why[r] = f"its machine's swap grew {grown / 2**20:.0f} MiB in {self.window} updates"
+                why[r] = f"its machine's swap grew {grown / MiB:.0f} MiB in {self.window} updates"
             elif f.pressure >= PRESSURE:
                 why[r] = f"its machine reports memory pressure {f.pressure:.0%}"
         return why
@@ -139,7 +140,7 @@ class Autopilot:
         if not fits:
             if set(pressed) != self.pressed_before:
                 data = {"ranks": sorted(pressed), "split": split}
-                out.notes.append(("alert", f"memory pressure and no split fits: {text}", data))
+                out.events.append(("alert", f"memory pressure and no split fits: {text}", data))
                 if self.pause_on_pressure:
                     out.commands += [("checkpoint", {}), ("pause", {})]
             self.pressed_before = set(pressed)
@@ -147,7 +148,7 @@ class Autopilot:
         self.pressed_before = set(pressed)
         reason = f"autopilot: memory guard ({text})"
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
-        out.notes.append(("autopilot", f"moving samples off pressed rank(s): {text}", {}))
+        out.events.append(("autopilot", f"moving samples off pressed rank(s): {text}", {}))
         self._changed(split, new, 0.0, sorted(self.recent)[len(self.recent) // 2])
 
     # --- speed --------------------------------------------------------------------------------
@@ -219,4 +220,4 @@ class Autopilot:
             )
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
-        out.notes.append(("autopilot", text, data))
+        out.events.append(("autopilot", text, data))

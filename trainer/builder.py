@@ -61,13 +61,13 @@ def open_run(
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
-    notes = memory.apply_limits(
+    applied = memory.apply_limits(
         cfg.per_rank("cache_limit_gb", world, rank),
         cfg.per_rank("memory_limit_gb", world, rank),
         cfg.per_rank("wired_limit_gb", world, rank),
     )
     if mx.cuda.is_available():
-        notes.append(graphs)
+        applied.append(graphs)
     data = open_data(cfg)
     model, optimizer = build_model(cfg, data)
 
@@ -122,7 +122,7 @@ def open_run(
         state=state,
         data=data,
         identity=identity,
-        banner=banner(cfg, model, data, world, split, notes),
+        banner=banner(cfg, model, data, world, split, applied),
         reporter=open_telemetry(cfg, cluster, commands, split, say, explicit),
         commands=commands,
         saved_at=state.step if resume is not None else None,
@@ -135,7 +135,7 @@ def open_run(
         cooldown=cfg.autopilot_cooldown,
         pause_on_pressure=cfg.on_memory_pressure == "pause",
     )
-    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.note)
+    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.tell)
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
         cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
@@ -169,7 +169,7 @@ def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:
 
 
 def banner(
-    cfg: TrainConfig, model: GPT, data: Data, world: int, split: list[int], notes: list[str]
+    cfg: TrainConfig, model: GPT, data: Data, world: int, split: list[int], applied: list[str]
 ) -> str:
     """What the run is, in a few lines: printed at the start and sent as the first event."""
     m = model.cfg
@@ -179,7 +179,7 @@ def banner(
         f"{cfg.precision}, {cfg.accum_mode} accumulation\n"
         f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
         f"{sum(split) * cfg.accum} samples/update; data {data.description}"
-        + (f"\n  memory: {', '.join(notes)}" if notes else "")
+        + (f"\n  memory: {', '.join(applied)}" if applied else "")
         + (
             f"\n  SIMULATED slowdown per rank: {cfg.simulate_slowdown} (for tests and demos)"
             if cfg.simulate_slowdown

@@ -48,7 +48,7 @@ def run(name: str, args: argparse.Namespace) -> int:
 
         return main(args)
     if name == "train":
-        return train(args)
+        return train_command(args)
     if name == "launch":
         from trainer.launch.launcher import main
 
@@ -66,7 +66,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     raise ValueError(name)
 
 
-def train(args: argparse.Namespace) -> int:
+def train_command(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
     from trainer.checkpoint import catalog

@@ -46,7 +46,7 @@ def _stop(run: Run, action: Action) -> dict[str, Any]:
     return {"path": path}
 
 
-# One handler per command of the one command table; "none" and "heartbeat" do nothing.
+# One handler per command of the one command table; "none" and "keepalive" do nothing.
 HANDLERS: dict[str, Callable[[Run, Action], dict[str, Any]]] = {
     "pause": _pause,
     "resume": _resume,

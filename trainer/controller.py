@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from telemetry.control import CommandQueue, CommandResult, PendingCommand
 from telemetry.records import COMMANDS
 from telemetry.split import problems
+from telemetry.units import MiB
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
 
-HEARTBEAT_S = 0.5  # while paused, ranks exchange a heartbeat about twice a second
-MiB = 1024**2
+KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
 
 # (split, every rank's peak bytes) -> the largest local batch each rank's memory allows
 CapsModel = Callable[[list[int], list[float]], list[int | None]]
@@ -44,14 +44,14 @@ class Controller:
         caps_model: CapsModel | None = None,
         pilot: Autopilot | None = None,
         limits: list[float | None] | None = None,
-        on_note: Callable[[str, str, dict], None] | None = None,
+        on_event: Callable[[str, str, dict], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
-        self.pilot = pilot  # rank 0's; observes every boundary that is not a heartbeat
+        self.pilot = pilot  # rank 0's; observes every boundary that is not a keepalive
         self.limits = limits or [None] * cluster.size  # --memory-limit-gb per rank, bytes
-        self.on_note = on_note or (lambda kind, text, data: None)
+        self.on_event = on_event or (lambda kind, text, data: None)
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
         self.stop_signal = 0  # a signal number once this rank was asked to stop
@@ -68,7 +68,7 @@ class Controller:
         swap: float = 0.0,
         pressure: float = 0.0,
     ) -> Action:
-        """Called by every rank at every boundary (and as the heartbeat while paused), with
+        """Called by every rank at every boundary (and as the keepalive while paused), with
         what this rank measured in its last update: peak memory and swap in bytes, compute
         seconds, memory pressure 0..1."""
         pending, name, payload, reason = None, "none", [], "command"
@@ -81,20 +81,20 @@ class Controller:
                     break
                 pending.resolve(CommandResult(ok=False, error=why))
         if self.paused and name == "none":
-            name = "heartbeat"
+            name = "keepalive"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
         mine = (peak / MiB, float(self.stop_signal), compute_s * 1e6, swap / MiB, pressure * 1e3)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
         asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
-        if asked and name in ("none", "heartbeat"):  # a signal outranks nothing but a command
+        if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
             rank, signum = asked[0]
             name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
-        if self.pilot is not None and self.cluster.is_root and name != "heartbeat":
+        if self.pilot is not None and self.cluster.is_root and name != "keepalive":
             self._steer(split, every)
         return Action(name, payload, pending, reason)
 
@@ -107,8 +107,8 @@ class Controller:
         decision = self.pilot.observe(split, figures)
         for cmd, args in decision.commands:
             self.queue.submit(cmd, args)
-        for kind, text, data in decision.notes:
-            self.on_note(kind, text, data)
+        for kind, text, data in decision.events:
+            self.on_event(kind, text, data)
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""

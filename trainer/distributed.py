@@ -14,17 +14,18 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from telemetry.records import COMMANDS
+from telemetry.units import GiB, MiB
 
 # Gradients are all-reduced in buckets of this size, each evaluated on its own so that only one
 # bucket's flat copy exists at a time: 32 MiB as nn.average_gradients for ring/JACCL/MPI (a
 # Mac's memory is the run's limit), 1 GiB for NCCL. On two H200s over NVLink 541 MB of FP32
 # gradients took 4.6 ms in 32 MiB buckets and 1.9 ms in one (benchmarks/allreduce.py).
-BUCKET_BYTES = 32 * 1024**2
-BUCKET_BYTES_BY_BACKEND = {"nccl": 1024 * 1024**2}
+BUCKET_BYTES = 32 * MiB
+BUCKET_BYTES_BY_BACKEND = {"nccl": GiB}
 
 # Commands travel between ranks as small integer vectors: [code, payload...]. Besides the
-# operator's commands, "none" (most boundaries) and "heartbeat" (while paused).
-CODES = {"none": 0, **COMMANDS, "heartbeat": max(COMMANDS.values()) + 1}
+# operator's commands, "none" (most boundaries) and "keepalive" (while paused).
+CODES = {"none": 0, **COMMANDS, "keepalive": max(COMMANDS.values()) + 1}
 NAMES = {v: k for k, v in CODES.items()}
 
 

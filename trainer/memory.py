@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from telemetry.balance import batch_cap
-
-GiB = 1024**3
+from telemetry.units import GiB
 
 
 @dataclass(frozen=True)
@@ -25,22 +24,22 @@ def apply_limits(
     cache_gb: float | None, memory_gb: float | None, wired_gb: float | None
 ) -> list[str]:
     """Set MLX's limits; returns one line per limit set, for the run's log."""
-    notes = []
+    applied = []
     if cache_gb is not None:
         # A capped cache returns freed buffers to the system instead of hoarding them: on a
         # 36 GiB Mac beside 96 GiB ones, the cache is what tips a rank into swap.
         mx.set_cache_limit(int(cache_gb * GiB))
-        notes.append(f"cache limit {cache_gb:g} GiB")
+        applied.append(f"cache limit {cache_gb:g} GiB")
     if memory_gb is not None:
         mx.set_memory_limit(int(memory_gb * GiB))
-        notes.append(f"memory limit {memory_gb:g} GiB")
+        applied.append(f"memory limit {memory_gb:g} GiB")
     if wired_gb is not None:
         if platform.system() == "Darwin" and mx.metal.is_available():
             mx.set_wired_limit(int(wired_gb * GiB))
-            notes.append(f"wired limit {wired_gb:g} GiB")
+            applied.append(f"wired limit {wired_gb:g} GiB")
         else:
-            notes.append("wired limit ignored (Metal only)")
-    return notes
+            applied.append("wired limit ignored (Metal only)")
+    return applied
 
 
 def reset_peak() -> None:

@@ -6,8 +6,7 @@ import sys
 import time
 
 from telemetry.records import Update
-
-GiB = 1024**3
+from telemetry.units import GiB
 
 
 def human_tokens(n: float) -> str:

@@ -26,7 +26,7 @@ from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
-from trainer.launch.restart import restart_note
+from trainer.launch.restart import restart_record
 from trainer.model.gpt import GPT
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
@@ -111,8 +111,10 @@ class Run:
             precision=cfg.precision,
             autopilot=cfg.autopilot,
         )
-        if (note := restart_note()) and self.cluster.is_root:
-            self.event("restarted", f"restart {note.get('attempt')}: {note.get('reason')}", **note)
+        if (restart := restart_record()) and self.cluster.is_root:
+            self.event(
+                "restarted", f"restart {restart.get('attempt')}: {restart.get('reason')}", **restart
+            )
 
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and
@@ -125,7 +127,7 @@ class Run:
             caps_model=partial(memory.memory_caps, cfg),
             pilot=self.pilot if self.cluster.is_root else None,
             limits=[g * memory.GiB if g else None for g in limits],
-            on_note=self.note,
+            on_event=self.tell,
         )
 
     def fail(self, message: str, code: int, alert: str = "lost") -> int:
@@ -135,7 +137,7 @@ class Run:
         self.on_fatal(text, alert)
         return code
 
-    def note(self, kind: str, message: str, data: dict[str, Any]) -> None:
+    def tell(self, kind: str, message: str, data: dict[str, Any]) -> None:
         """An event from the autopilot or the alerts (printed too: nobody may be watching)."""
         if self.cluster.is_root:
             print(f"fleet train: {kind}: {message}", file=sys.stderr, flush=True)

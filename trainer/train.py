@@ -27,10 +27,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from telemetry.units import MiB
 from trainer import commands, evaluation, memory
 from trainer.builder import open_run
 from trainer.config import TrainConfig
-from trainer.controller import HEARTBEAT_S, Controller, stop_on_signals
+from trainer.controller import KEEPALIVE_S, Controller, stop_on_signals
 from trainer.distributed import Cluster, PeerLost
 from trainer.optim import Schedule
 from trainer.progress import Progress
@@ -51,7 +52,7 @@ def train(
     run: Run = open_run(cfg, cluster, resume, say, explicit)
     state = run.state
     if cfg.allreduce_bucket_mb:
-        cluster.bucket_bytes = int(cfg.allreduce_bucket_mb * 1024**2)
+        cluster.bucket_bytes = int(cfg.allreduce_bucket_mb * MiB)
     schedule = Schedule.from_config(
         cfg, tokens_per_update=cfg.accum * sum(state.split) * run.data.seq_len
     )
@@ -135,10 +136,7 @@ def train(
                 flush=True,
             )
             return 1
-        say(
-            f"done: {state.step} updates, {state.tokens:,} tokens; "
-            f"checkpoint {run.last_saved}"
-        )
+        say(f"done: {state.step} updates, {state.tokens:,} tokens; checkpoint {run.last_saved}")
         clean = True
         return 0
     except FloatingPointError as e:
@@ -163,7 +161,7 @@ def train(
 
 
 def boundary(run: Run, controller: Controller) -> None:
-    """Apply rank 0's next command on every rank; while paused, keep exchanging heartbeats
+    """Apply rank 0's next command on every rank; while paused, keep exchanging keepalives
     until a resume or a stop arrives. Each exchange carries what this rank measured in its
     last update, for rank 0's memory caps and autopilot."""
     run.watchdog.progress("control")
@@ -171,9 +169,9 @@ def boundary(run: Run, controller: Controller) -> None:
         commands.apply(run, controller.exchange(run.state.split, **run.measured))
         if run.stopping or not controller.paused:
             return
-        # Paused: a heartbeat about twice a second keeps every collective bounded and notices
+        # Paused: a keepalive about twice a second keeps every collective bounded and notices
         # a dead peer.
-        time.sleep(HEARTBEAT_S)
+        time.sleep(KEEPALIVE_S)
         run.watchdog.progress("paused")
 
 

@@ -20,8 +20,8 @@ from textual.strip import Strip
 
 from console import fmt, render
 from console.fleet import Fleet, RankView
+from console.link_phase import UP
 from console.messages import RankSelected
-from console.model import UP
 from console.snapshot import straggler
 
 

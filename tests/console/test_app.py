@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.model import LinkPhase
+from console.link_phase import LinkPhase
 from console.screens import (
     ConfirmScreen,
     HelpScreen,

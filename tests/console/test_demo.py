@@ -1,6 +1,5 @@
 """The demo's commands, and hints that print `fleet` as it can be typed."""
 
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,5 @@
 """The console's model of the fleet: header figures, the straggler, events, the log."""
 
-
 from __future__ import annotations
 
 import json
@@ -11,7 +10,7 @@ from console.fleet import Fleet
 from console.hostfile import (
     local_targets,
 )
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from console.series import Series
 from console.snapshot import header, proposal, snapshot, straggler
 from telemetry.records import Dropped, Event, Reply

@@ -1,10 +1,9 @@
 """The console's figures, bars, sparklines and plots as text."""
 
-
 from __future__ import annotations
 
 from console import fmt, render
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from tests.support.console_fakes import GiB, update
 
 # --- formatting and bars -----------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """The console stays headless of mlx and the trainer; its CLI errors are one line."""
 
-
 from __future__ import annotations
 
 import subprocess
@@ -25,7 +24,7 @@ def test_console_model_stays_headless():
     # The fleet model and its vocabulary load without Textual, SSH or the network code, so
     # views, --once and replay read link phases from the model, never from links.py.
     code = (
-        "import sys, console.model, console.fleet, console.events, console.snapshot, "
+        "import sys, console.link_phase, console.fleet, console.events, console.snapshot, "
         "console.series, console.feed, console.replay\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'paramiko') "
         "or m in ('console.links', 'console.live', 'console.connectors', 'console.ssh'))\n"

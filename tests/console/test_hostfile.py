@@ -1,6 +1,5 @@
 """The hostfile and SSH config the console reads."""
 
-
 from __future__ import annotations
 
 import json

@@ -1,6 +1,5 @@
 """Links to ranks: the inbox, live/lost/reconnect, refusals, commands, gathering."""
 
-
 from __future__ import annotations
 
 import functools
@@ -14,8 +13,8 @@ from console.feed import Inbox
 from console.hostfile import (
     local_targets,
 )
+from console.link_phase import LinkPhase, LinkStatus
 from console.links import RankLink
-from console.model import LinkPhase, LinkStatus
 from telemetry.errors import ConnectionLost
 from tests.support.console_fakes import hello, update
 

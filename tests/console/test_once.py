@@ -1,6 +1,5 @@
 """`fleet console --once`: each rank's newest update and its age."""
 
-
 from __future__ import annotations
 
 import threading
@@ -10,7 +9,7 @@ from console.fleet import Fleet
 from console.hostfile import (
     local_targets,
 )
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from console.snapshot import snapshot
 from tests.support.console_fakes import T0, hello, update
 

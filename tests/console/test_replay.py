@@ -1,6 +1,5 @@
 """Replaying a finished run's logs."""
 
-
 from __future__ import annotations
 
 import json
@@ -11,7 +10,7 @@ import pytest
 
 from console.feed import Inbox
 from console.fleet import Fleet
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from console.snapshot import header
 from tests.support.fleet import ROOT
 

@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Input
 
 from console.app import FleetApp
-from console.model import LinkPhase
+from console.link_phase import LinkPhase
 from tests.support.console_fakes import T0, FakeFeed, straggler_fleet
 
 

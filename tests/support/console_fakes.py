@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 from console.hostfile import RankTarget
-from console.model import LinkPhase, LinkStatus
+from console.link_phase import LinkPhase, LinkStatus
 from telemetry.records import Event, Hello, Message, Reply, Update
+from telemetry.units import GiB
 
-GiB = 2**30
 T0 = 1_700_000_000.0  # a fixed wall time, so clocks shown are the same on every run
 HOSTS = ["studio", "mini-1", "mini-2", "air"]
 

@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from telemetry.units import GiB
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from telemetry import auth  # noqa: E402
 from telemetry.control import CommandQueue, CommandResult  # noqa: E402
 from telemetry.hub import Hub  # noqa: E402
 from telemetry.records import Event, Hello, Update, run_id_of  # noqa: E402
-
-GiB = 2**30
 
 
 def shared(run: Path) -> dict:

@@ -19,8 +19,7 @@ from telemetry.balance import (
 )
 from telemetry.split import SplitError
 from telemetry.split import parse as parse_split
-
-GiB = 2**30
+from telemetry.units import GiB
 
 
 def model(rank, fixed, per, base=0, per_mem=0, limit=None, confident=True):

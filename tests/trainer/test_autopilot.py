@@ -8,11 +8,10 @@ import random
 
 import pytest
 
+from telemetry.units import GiB
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.config import ConfigError, TrainConfig
-
-GiB = 2**30
 
 
 def simulate(costs, split, updates=200, noise=0.02, pilot=None, seed=0, change_at=None):
@@ -89,7 +88,7 @@ def test_when_no_split_fits_the_guard_warns_and_pauses():
         if d.commands:
             break
     assert d.commands == [("checkpoint", {}), ("pause", {})]
-    assert d.notes[0][0] == "alert" and "no split fits" in d.notes[0][1]
+    assert d.events[0][0] == "alert" and "no split fits" in d.events[0][1]
 
 
 def test_a_pilot_that_is_off_only_tells():
@@ -102,7 +101,7 @@ def test_a_pilot_that_is_off_only_tells():
 
 def simulate_notes(pilot):
     pilot.pressed_before = set()
-    return pilot.observe([2, 2], [RankFigures(2, 0.01, GiB, 0, 0.9, None)] * 2).notes
+    return pilot.observe([2, 2], [RankFigures(2, 0.01, GiB, 0, 0.9, None)] * 2).events
 
 
 def test_alerts_reach_a_command_once_per_kind(tmp_path):

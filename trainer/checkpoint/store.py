@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from telemetry.files import atomic_write, file_sha256, fsync_dir, fsync_file
+from telemetry.units import MiB
 from trainer.checkpoint import manifest as mf
 from trainer.checkpoint.catalog import (
     CONFIG,
@@ -76,7 +77,7 @@ def save(
     ckpts.mkdir(parents=True, exist_ok=True)
     final = step_dir(run_dir, step)
     tmp = ckpts / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
-    need = _array_bytes(params) + _array_bytes(optimizer_state) + (1 << 20)
+    need = _array_bytes(params) + _array_bytes(optimizer_state) + MiB
     free = shutil.disk_usage(ckpts).free
     if free < need:
         raise NoSpace(
@@ -105,7 +106,7 @@ def _array_bytes(tree: Any) -> int:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return f"{n / MiB:,.1f} MiB"
 
 
 def _write_folder(

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from telemetry.units import gib_text
+
 PROBE_MARK = "FLEET-CHECK "
 SLOW_LINK = 1 / 3  # a link below this fraction of the median bandwidth is flagged
 KEEP_CHECKPOINTS = 3  # free disk must hold this many checkpoints (and one being written)
@@ -133,12 +135,13 @@ def compare(reports: list[HostReport], here: dict[str, Any], need_disk: int, nee
             )
         if need_disk and f.get("disk_free", 0) < need_disk:
             r.problems.append(
-                f"{_gib(f['disk_free'])} free for checkpoints, needs about {_gib(need_disk)}"
+                f"{gib_text(f['disk_free'])} free for checkpoints, needs about "
+                f"{gib_text(need_disk)}"
             )
         if need_mem and f.get("mem_available", 0) < need_mem[i]:
             r.problems.append(
-                f"{_gib(f['mem_available'])} of memory free, the run expects a peak of about "
-                f"{_gib(need_mem[i])}"
+                f"{gib_text(f['mem_available'])} of memory free, the run expects a peak of about "
+                f"{gib_text(need_mem[i])}"
             )
 
 
@@ -205,10 +208,6 @@ def links_problems(ranks: list[dict], world: int) -> tuple[list[str], list[str]]
     return problems, warnings
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 def render(
     reports: list[HostReport], group: dict, problems: list[str], warnings: list[str] = ()
 ) -> str:
@@ -229,8 +228,8 @@ def render(
             str(f.get("mlx", "-")),
             str(f.get("mlx-fleet", "-")),
             str(f.get("dataset") or ("missing" if "dataset_error" in f else "-"))[:12],
-            _gib(f["disk_free"]) if "disk_free" in f else "-",
-            _gib(f["mem_available"]) if "mem_available" in f else "-",
+            gib_text(f["disk_free"]) if "disk_free" in f else "-",
+            gib_text(f["mem_available"]) if "mem_available" in f else "-",
         )
     g = Table(title="group")
     for col in ("rank", "host", "group size", "backend", "all-reduce latency", "link in"):

@@ -155,12 +155,12 @@ def next_attempt(
         folder.mkdir(parents=True, exist_ok=True)
         hostfile = str(folder / f"hosts-restart-{number}.json")
         Path(hostfile).write_text(json.dumps(hosts, indent=2) + "\n")
-    note = restart.restart_env(number, failure.describe(), old, new)
+    record = restart.restart_env(number, failure.describe(), old, new)
     return replace(
         plan,
         command=restart.relaunch_command(plan.command, plan.run_dir, new),
         world=len(keep),
         hosts=hosts,
         hostfile=hostfile,
-        env=[f"FLEET_RESTART={note}"],
+        env=[f"FLEET_RESTART={record}"],
     )

@@ -134,13 +134,13 @@ def restart_env(attempt: int, reason: str, old: list[int], new: list[int]) -> st
     return json.dumps({"attempt": attempt, "reason": reason, "from": old, "to": new})
 
 
-def restart_note() -> dict | None:
+def restart_record() -> dict | None:
     """This rank's restart, when `fleet launch` relaunched it (FLEET_RESTART), else None."""
     raw = os.environ.get("FLEET_RESTART")
     if not raw:
         return None
     try:
-        note = json.loads(raw)
+        record = json.loads(raw)
     except ValueError:
         return None
-    return note if isinstance(note, dict) else None
+    return record if isinstance(record, dict) else None

@@ -3,10 +3,10 @@ report them), and a real local group forms and is timed."""
 
 from __future__ import annotations
 
+from telemetry.units import GiB
 from trainer.launch.check import HostReport, compare, links_problems
 
 HERE = {"python": "3.11.7", "mlx": "0.32.4", "mlx-fleet": "0.1.0"}
-GiB = 2**30
 
 
 def host(name: str, **facts) -> HostReport:

@@ -1,7 +1,7 @@
 """The words links, feeds and views share: a link's phase, its status report, and the sink.
 
 Pure: no sockets, no Textual. Links (`console.links`) and replays produce these; the fleet
-model, the widgets and `--once` read them, without importing the network code.
+(`console.fleet`), the widgets and `--once` read them, without importing the network code.
 
 Phases::
 
