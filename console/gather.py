@@ -60,8 +60,8 @@ def gather(
 ) -> tuple[list[Copied], list[str]]:
     """Fetch each rank's logs from its host; returns what was copied and the problems met."""
     check_dest(dest)
-    local, remote = rundir.at(dest), rundir.at(PurePosixPath(run_dir))
-    local.telemetry.mkdir(parents=True, exist_ok=True)
+    here, remote = rundir.at(dest), rundir.at(PurePosixPath(run_dir))
+    here.telemetry.mkdir(parents=True, exist_ok=True)
     remote_logs = str(remote.telemetry)
     hosts: dict[str, list[int]] = {}
     for t in targets:
@@ -83,7 +83,7 @@ def gather(
         if missing:
             problems.append(f"{host}:{remote_logs} holds no logs of ranks {_ranks(missing)}")
         for name, size in mine.items():
-            local = dest / rundir.TELEMETRY / name
+            local = here.telemetry / name
             rank = _rank_of(name)
             if local.exists() and local.stat().st_size == size:
                 copied.append(Copied(rank, host, name, size, fetched=False))
@@ -99,7 +99,7 @@ def gather(
         root = targets[0]
         try:
             config = pool.read_file(root.host, str(remote.config))
-            local.config.write_bytes(config)
+            here.config.write_bytes(config)
         except (SSHError, OSError) as e:
             problems.append(f"the run's config from {root.host}: {e}")
     (dest / MARKER).write_text(

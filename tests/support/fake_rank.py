@@ -5,7 +5,7 @@
 Rank 0 makes RUN/control.key and resolves commands at its "update boundaries" (pause, resume,
 checkpoint, rebalance, stop), sharing the outcome with the other ranks through
 RUN/fake-state.json, so every rank pauses, rebalances and stops together, as a real run would.
-Prints `ready <port>` once serving. The lead will add real-MLX ranks beside this one.
+Prints `ready <port>` once serving.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from telemetry.units import GiB
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from telemetry import auth  # noqa: E402
 from telemetry.control import CommandQueue, CommandResult  # noqa: E402
 from telemetry.hub import Hub  # noqa: E402
 from telemetry.records import Event, Hello, Update, run_id_of  # noqa: E402
+from telemetry.units import GiB  # noqa: E402
 
 
 def shared(run: Path) -> dict:

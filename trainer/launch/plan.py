@@ -133,15 +133,26 @@ def check_mpirun(world: int) -> None:
         return  # let mlx.launch say what is wrong
     m = re.search(r"Open MPI\)?\s+(\d+)\.(\d+)", version)
     if m and int(m.group(1)) < 5:
-        from mlx._distributed_utils.launch import get_mpi_libname
-
-        lib = get_mpi_libname() or "<your libmpi.so.N>"
+        lib = _mpi_libname() or "<your libmpi.so.N>"
         raise LaunchError(
             f"mlx.launch's MPI mode needs Open MPI 5; this mpirun is Open MPI "
             f"{m.group(1)}.{m.group(2)}. Start the ranks with mpirun itself instead: "
             f"mpirun -np {world} -x MLX_MPI_LIBNAME={lib} {sys.executable} -m fleet.cli "
             "train ... (fleet train joins MPI when mpirun starts it)"
         )
+
+
+def _mpi_libname() -> str:
+    """mlx.launch's own guess at libmpi's name, asked of a child: the launcher imports no mlx
+    (mlx._distributed_utils loads mlx.core)."""
+    code = "from mlx._distributed_utils.launch import get_mpi_libname as f; print(f() or '')"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip()
 
 
 @dataclass
