@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.optimizers as optim
 import psutil
 
 from telemetry import auth, rundir
@@ -27,9 +26,11 @@ from trainer.checkpoint import catalog, store
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.dataset import Dataset, SyntheticStream, TrainStream
 from trainer.distributed import Cluster, Watchdog
+from trainer.model import tensor
 from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
+from trainer.parallel import Layout, LayoutError, make_layout
 from trainer.run import Data, Run
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
@@ -69,7 +70,13 @@ def open_run(
     if mx.cuda.is_available():
         applied.append(graphs)
     data = open_data(cfg)
-    model, optimizer = build_model(cfg, data)
+    model = build_model(cfg, data)  # the whole model, on every rank alike
+    try:
+        layout = make_layout(cfg, cluster)
+        if layout.tensor_group is not None:
+            tensor.check_divisible(model.cfg, layout.tensor)
+    except (LayoutError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
     # --- the loop state, fresh or resumed
     split = resumed_split(cfg, world, resume, explicit)
@@ -81,15 +88,25 @@ def open_run(
         "precision": cfg.precision,
         "world_size": world,
         "split": split,
+        "parallel": layout.mode,  # informational: any mode resumes any other
     }
-    state = LoopState(split=split)
+    state, opt_state = LoopState(split=split), None
     if resume is not None:
         catalog.check_compatible(catalog.verify(resume), identity, resume)
         params, opt_state = store.load_arrays(resume)
         model.update(params)
-        optimizer.state = opt_state
-        mx.eval(model.parameters(), optimizer.state)
         state = LoopState.from_json(catalog.read_json(resume, catalog.STATE), split)
+    # Tensor parallelism: each rank keeps its slice of the whole model (and of its moments).
+    if layout.tensor_group is not None:
+        tensor.shard_gpt(model, layout.tensor_group)
+        if opt_state is not None:
+            opt_state = tensor.slice_state(opt_state, layout.tensor_group)
+    optimizer = make_optimizer(cfg)
+    optimizer.init(model.trainable_parameters())
+    if opt_state is not None:
+        optimizer.state = opt_state
+    mx.eval(model.parameters(), optimizer.state)
+    if resume is not None:
         say(
             f"resumed from {resume} at update {state.step} "
             f"({state.tokens:,} tokens, data cursor {state.cursor:,})"
@@ -110,26 +127,28 @@ def open_run(
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
         grad_checkpoint=cfg.grad_checkpoint,
+        tensor_group=layout.tensor_group,
         **({"factor": factor} if slowed else {}),
     )
     commands = CommandQueue()
     run = Run(
         cfg=cfg,
         cluster=cluster,
+        layout=layout,
         model=model,
         optimizer=optimizer,
         stepper=stepper,
         state=state,
         data=data,
         identity=identity,
-        banner=banner(cfg, model, data, world, split, applied),
-        reporter=open_telemetry(cfg, cluster, commands, split, say, explicit),
+        banner=banner(cfg, model, data, layout, split, applied),
+        reporter=open_telemetry(cfg, cluster, commands, split[layout.replica], say, explicit),
         commands=commands,
         saved_at=state.step if resume is not None else None,
     )
     run.pilot = Autopilot(
         world,
-        enabled=cfg.autopilot,
+        enabled=cfg.autopilot and layout.tensor == 1,
         min_gain=cfg.autopilot_min_gain,
         window=cfg.autopilot_window,
         cooldown=cfg.autopilot_cooldown,
@@ -147,8 +166,9 @@ def open_run(
     return run
 
 
-def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:
-    """A freshly initialized GPT sized for the data, and its optimizer."""
+def build_model(cfg: TrainConfig, data: Data) -> GPT:
+    """A freshly initialized GPT sized for the data: the whole model, the same on every rank
+    (the seed decides), in the dtype of its master weights."""
     try:
         mcfg = ModelConfig.from_sizes(
             depth=cfg.depth,
@@ -163,21 +183,19 @@ def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:
     model.init_weights(cfg.seed)
     if cfg.precision == "bf16":
         model.set_dtype(mx.bfloat16)
-    optimizer = make_optimizer(cfg)
-    optimizer.init(model.trainable_parameters())
-    return model, optimizer
+    return model
 
 
 def banner(
-    cfg: TrainConfig, model: GPT, data: Data, world: int, split: list[int], applied: list[str]
+    cfg: TrainConfig, model: GPT, data: Data, layout: Layout, split: list[int], applied: list[str]
 ) -> str:
     """What the run is, in a few lines: printed at the start and sent as the first event."""
     m = model.cfg
     return (
-        f"run {cfg.run_dir}: GPT {model.num_params() / 1e6:.2f}M params (depth {m.depth}, "
+        f"run {cfg.run_dir}: GPT {m.num_params() / 1e6:.2f}M params (depth {m.depth}, "
         f"width {m.width}, heads {m.heads}, vocab {m.vocab}, seq {data.seq_len}), "
         f"{cfg.precision}, {cfg.accum_mode} accumulation\n"
-        f"  {world} rank(s), split {split} x {cfg.accum} microsteps = "
+        f"  {_ranks(layout)}, split {split} x {cfg.accum} microsteps = "
         f"{sum(split) * cfg.accum} samples/update; data {data.description}"
         + (f"\n  memory: {', '.join(applied)}" if applied else "")
         + (
@@ -186,6 +204,16 @@ def banner(
             else ""
         )
     )
+
+
+def _ranks(layout: Layout) -> str:
+    """The ranks as the banner says them: "3 rank(s)", or how tensor parallelism groups them."""
+    if layout.tensor == 1:
+        return f"{layout.replicas} rank(s)"
+    world = layout.tensor * layout.replicas
+    if layout.replicas == 1:
+        return f"{world} rank(s), tensor parallel (each holds 1/{layout.tensor} of the model)"
+    return f"{world} rank(s): {layout.replicas} replicas of {layout.tensor} tensor-parallel ranks"
 
 
 def open_data(cfg: TrainConfig) -> Data:
@@ -232,7 +260,7 @@ def resumed_split(
     if resume is None or "local_batches" in explicit or "local_batch" in explicit:
         return split
     saved = catalog.read_json(resume, catalog.STATE)["split"]
-    if len(saved) == world:
+    if len(saved) == cfg.replicas(world):
         return saved
     if sum(split) != sum(saved):
         raise ConfigError(
@@ -246,7 +274,7 @@ def open_telemetry(
     cfg: TrainConfig,
     cluster: Cluster,
     commands: CommandQueue,
-    split: list[int],
+    local_batch: int,
     say: Callable[[str], None],
     explicit: frozenset[str] = frozenset(),
 ) -> Reporter:
@@ -268,7 +296,7 @@ def open_telemetry(
         platform=f"{platform.system()} {platform.machine()}",
         chip=memory.device_name(),
         memory_total=psutil.virtual_memory().total,
-        local_batch=split[rank],
+        local_batch=local_batch,
         config_digest=cfg.digest(),
     )
     base = cfg.telemetry_port_base

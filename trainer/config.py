@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,13 @@ class TrainConfig:
     # --- batch
     local_batch: int = _f(8, "samples per microstep on this rank (one rank)")
     local_batches: str = _f("", "samples per microstep, one per rank, e.g. 6,4,2 (sum = global)")
+    parallel: str = _f(
+        "data",
+        "data: every rank a replica with its own local batch; tensor: every rank holds 1/N of "
+        "each block, the embedding and the head, and all read the same rows (--local-batch is "
+        "the group's); tensor:K: groups of K consecutive ranks, each group one replica with "
+        "its own local batch (needs --backend mpi or nccl)",
+    )
     accum: int = _f(1, "microsteps per optimizer update")
     accum_mode: str = _f(
         "sequential",
@@ -190,17 +198,34 @@ class TrainConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     # --- per-rank values
+    def replicas(self, world_size: int) -> int:
+        """How many data-parallel replicas `world_size` ranks make under --parallel: each
+        replica takes one local batch of the split (every rank, in data parallelism)."""
+        if self.parallel == "data":
+            return world_size
+        if self.parallel == "tensor":
+            return 1
+        k = int(self.parallel.partition(":")[2])
+        if world_size % k:
+            raise ConfigError(
+                f"--parallel {self.parallel}: {world_size} rank(s) do not make groups of {k}; "
+                f"launch a multiple of {k} ranks"
+            )
+        return world_size // k
+
     def split(self, world_size: int) -> list[int]:
-        """The local batch of every rank."""
+        """The local batch of every replica (of every rank, in data parallelism)."""
+        n = self.replicas(world_size)
         if self.local_batches:
             split = parse_ints(self.local_batches, "local_batches")
-            if len(split) != world_size:
+            if len(split) != n:
+                who = f"{n} rank(s)" if n == world_size else f"{n} replica(s) (--parallel)"
                 raise ConfigError(
                     f"--local-batches has {len(split)} values ({self.local_batches}) but the run "
-                    f"has {world_size} rank(s): give one per rank"
+                    f"has {who}: give one per {'rank' if n == world_size else 'replica'}"
                 )
         else:
-            split = [self.local_batch] * world_size
+            split = [self.local_batch] * n
         if any(b < 1 for b in split):
             raise ConfigError(f"every local batch must be at least 1, got {split}")
         return split
@@ -287,6 +312,16 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+        if not re.fullmatch(r"data|tensor(:[1-9][0-9]*)?", self.parallel):
+            raise ConfigError(
+                f"--parallel {self.parallel!r}: give data, tensor, or tensor:K (K ranks a group)"
+            )
+        if self.parallel != "data" and self.optimizer == "muon":
+            raise ConfigError(
+                "--optimizer muon orthogonalizes whole matrices, which tensor parallelism splits "
+                "over ranks (gathering each one every update would cost what the split saves): "
+                "use --optimizer adamw with --parallel tensor"
+            )
         if not 0 <= self.warmup <= 1:
             raise ConfigError(f"--warmup is a fraction of the run, got {self.warmup}")
         if self.lr <= 0:
@@ -388,7 +423,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "resume",
         "resume_disagreeing",
     ),
-    "distributed": ("collective_timeout", "allreduce_bucket_mb"),
+    "distributed": ("parallel", "collective_timeout", "allreduce_bucket_mb"),
     "telemetry": (
         "telemetry_port_base",
         "telemetry_bind",

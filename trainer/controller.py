@@ -45,8 +45,10 @@ class Controller:
         pilot: Autopilot | None = None,
         limits: list[float | None] | None = None,
         on_event: Callable[[str, str, dict], None] | None = None,
+        fixed_split: str = "",
     ) -> None:
         self.cluster = cluster
+        self.fixed_split = fixed_split  # why the split cannot change (tensor parallelism), or ""
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
         self.pilot = pilot  # rank 0's; observes every boundary that is not a keepalive
@@ -119,6 +121,10 @@ class Controller:
             return "already paused"
         if p.cmd == "resume" and not self.paused:
             return "not paused"
+        if p.cmd == "rebalance" and self.fixed_split:
+            return self.fixed_split
+        if p.cmd == "autopilot" and self.fixed_split and p.args.get("on"):
+            return self.fixed_split
         if p.cmd == "rebalance":
             why = problems(p.args.get("split"), sum(split), len(split), self.caps(split))
             return "; ".join(why) or None

@@ -95,6 +95,14 @@ class Cluster:
         self.rank, self.size = self.group.rank(), self.group.size()
         self.bucket_bytes = BUCKET_BYTES_BY_BACKEND.get(self.backend, BUCKET_BYTES)
 
+    @classmethod
+    def solo(cls) -> Cluster:
+        """A cluster of this rank alone (every collective a no-op): the replicas of a run that
+        is one tensor-parallel group."""
+        c = cls.__new__(cls)
+        c.backend, c.group, c.rank, c.size, c.bucket_bytes = "solo", None, 0, 1, BUCKET_BYTES
+        return c
+
     @property
     def is_root(self) -> bool:
         return self.rank == 0

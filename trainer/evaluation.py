@@ -16,7 +16,7 @@ SYNTHETIC_VAL_OFFSET = 1 << 40  # held-out synthetic samples live far beyond any
 
 def evaluate(run: Run) -> tuple[float, int]:
     """Token-weighted loss on the held-out rows; ranks share the batches, then sum."""
-    c, batch = run.cluster, max(run.state.split)
+    c, batch = run.layout.data, max(run.state.split)  # a tensor group evaluates alike
     limit = run.cfg.eval_samples or None
     if run.data.dataset is not None:
         batches = val_batches(run.data.dataset, batch, limit)
@@ -81,7 +81,8 @@ def stop_early(run: Run, why: str) -> None:
 
 
 def sample(run: Run) -> str:
-    """Text generated from the prompt (rank 0 only; no collectives)."""
+    """Text generated from the prompt: rank 0 alone, or with tensor parallelism every rank of
+    replica 0's group together (its forward pass is a collective; all pick the same ids)."""
     if run.data.tokenizer is None:
         return "(no tokenizer: synthetic data)"
     tok, prompt = run.data.tokenizer, run.cfg.prompt

@@ -27,9 +27,17 @@ from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
 from trainer.launch.restart import restart_record
+from trainer.model import tensor
 from trainer.model.gpt import GPT
+from trainer.parallel import Layout
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
+
+
+FIXED_SPLIT = (
+    "a tensor-parallel split is fixed: every rank of a group reads the same rows, and the "
+    "groups' batches are set at launch (--local-batches); restart to change them"
+)
 
 
 class ReplicaMismatch(RuntimeError):
@@ -57,6 +65,7 @@ class Run:
 
     cfg: TrainConfig
     cluster: Cluster
+    layout: Layout  # replicas and tensor-parallel groups (trainer/parallel.py)
     model: GPT
     optimizer: optim.Optimizer
     stepper: Stepper
@@ -78,7 +87,7 @@ class Run:
     # --- samples of the global order: this rank's slice of each microbatch of the update
     def batches(self):
         """The update's `accum` microbatches for this rank, read as they are consumed."""
-        split, rank = self.state.split, self.cluster.rank
+        split, rank = self.state.split, self.layout.replica  # a tensor group reads alike
         global_batch, offset = sum(split), sum(split[:rank])
         for m in range(self.cfg.accum):
             cursor = self.state.cursor + m * global_batch
@@ -107,7 +116,8 @@ class Run:
             updates=cfg.updates,
             config_digest=cfg.digest(),
             architecture=self.identity["architecture"],
-            params=self.model.num_params(),
+            params=self.model.cfg.num_params(),
+            parallel=self.layout.mode,
             precision=cfg.precision,
             autopilot=cfg.autopilot,
         )
@@ -125,9 +135,10 @@ class Run:
             self.cluster,
             self.commands,
             caps_model=partial(memory.memory_caps, cfg),
-            pilot=self.pilot if self.cluster.is_root else None,
+            pilot=self.pilot if self.cluster.is_root and self.layout.tensor == 1 else None,
             limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
+            fixed_split=FIXED_SPLIT if self.layout.tensor > 1 else "",
         )
 
     def fail(self, message: str, code: int, alert: str = "lost") -> int:
@@ -158,7 +169,7 @@ class Run:
             loss=f.loss,
             lr=s.lr,
             grad_norm=f.grad_norm,
-            local_batch=s.split[rank],
+            local_batch=s.split[self.layout.replica],
             microsteps=self.cfg.accum,
             compute_s=f.compute_s,
             wait_s=f.wait_s,
@@ -184,18 +195,27 @@ class Run:
     def save(self) -> Path | None:
         """Checkpoint the current update: every rank proves its replica, rank 0 writes.
         A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
-        step, model, opt = self.state.step, self.model, self.optimizer
+        step, model, opt, layout = self.state.step, self.model, self.optimizer, self.layout
         self.watchdog.progress("checkpoint")
         digests = self.cluster.gather_bytes(store.replica_digest(model.parameters(), opt.state))
-        agree = len(set(digests)) == 1
+        # Replicas of the same slice must hold the same bytes (in data parallelism: every rank).
+        slices = [digests[t :: layout.tensor] for t in range(layout.tensor)]
+        agree = all(len(set(d)) == 1 for d in slices)
+        params, opt_state = model.parameters(), opt.state
+        if layout.tensor_group is not None and layout.replica == 0:
+            # One logical checkpoint: replica 0's group gathers the whole model for rank 0
+            # (a collective, tensor by tensor; the other ranks drop each one as it comes).
+            keep = self.cluster.is_root
+            params = tensor.gather_tree(params, layout.tensor_group, keep=keep)
+            opt_state = tensor.gather_tree(opt_state, layout.tensor_group, keep=keep)
         path = None
         if self.cluster.is_root:
             try:
                 path = store.save(
                     self.cfg.run_dir,
                     step,
-                    params=model.parameters(),
-                    optimizer_state=opt.state,
+                    params=params,
+                    optimizer_state=opt_state,
                     state={**self.state.to_json(), "rng": "reseeded from --seed and the step"},
                     config=self.cfg.to_dict(),
                     identity={**self.identity, "replicas_agree": agree},
@@ -208,8 +228,10 @@ class Run:
             self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
         self.last_saved, self.saved_at = path, step
         if not agree:
-            majority = max(set(digests), key=digests.count)
-            differ = [r for r, d in enumerate(digests) if d != majority]
+            differ = []
+            for t, d in enumerate(slices):
+                majority = max(set(d), key=d.count)
+                differ += [t + i * layout.tensor for i, x in enumerate(d) if x != majority]
             raise ReplicaMismatch(
                 f"replicas disagree at update {step}: rank(s) {differ} differ from the others; "
                 f"checkpoint {path or ''} kept but not made latest"
@@ -238,7 +260,7 @@ class Run:
     def rebalance(self, split: list[int]) -> None:
         """Take a new batch split from this boundary on (same global batch: same math)."""
         self.state.split = self.identity["split"] = split
-        self.reporter.set_hello(local_batch=split[self.cluster.rank])
+        self.reporter.set_hello(local_batch=split[self.layout.replica])
 
     # --- signs of life for the peers and the launcher (trainer/heartbeat.py)
     def beat(self, stage: str, since: float) -> None:

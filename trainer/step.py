@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from trainer import memory
 from trainer.distributed import Cluster
+from trainer.model import tensor
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
 
@@ -24,9 +25,13 @@ def zeros_f32(params: Tree) -> Tree:
     return tree_map(lambda p: mx.zeros(p.shape, dtype=mx.float32), params)
 
 
-def global_norm(tree: Tree) -> mx.array:
-    """The L2 norm of every array in the tree together, in FP32."""
-    return mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for _, g in tree_flatten(tree)))
+def global_norm(tree: Tree, group: mx.distributed.Group | None = None) -> mx.array:
+    """The L2 norm of every array in the tree together, in FP32; with a tensor-parallel
+    `group`, of the whole model's (each rank holds a slice: the squares are summed over it)."""
+    squares = sum(mx.sum(mx.square(g.astype(mx.float32))) for _, g in tree_flatten(tree))
+    if group is not None:
+        squares = mx.distributed.all_sum(squares, group=group)
+    return mx.sqrt(squares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +90,10 @@ class RecomputedMLP(MLP):
     """An MLP whose ReLU² the backward pass recomputes (relu2_proj); same parameters."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return relu2_proj(self.c_fc(x), self.c_proj.weight)  # c_proj(ReLU²(c_fc(x)))
+        y = relu2_proj(self.c_fc(x), self.c_proj.weight)  # c_proj(ReLU²(c_fc(x)))
+        if isinstance(self.c_proj, nn.ShardedToAllLinear):  # tensor parallel: sum the parts
+            y = mx.distributed.all_sum(y, group=self.c_proj.group)
+        return y
 
 
 def recompute_relu2(model: GPT) -> None:
@@ -113,6 +121,7 @@ class Stepper:
         loss_chunk: int = 0,
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
+        tensor_group: mx.distributed.Group | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.pad_id, self.grad_clip = pad_id, grad_clip
@@ -120,6 +129,11 @@ class Stepper:
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
+        # Tensor parallelism: the twin is sharded like the master weights (its slices of
+        # lazy arrays cost nothing either), and the head reads this rank's vocabulary slice.
+        self.tensor_group = tensor_group
+        if tensor_group is not None:
+            tensor.shard_gpt(self.twin, tensor_group)
         # Only the twin runs forward passes that are differentiated: the memory levers that
         # trade compute for memory change its modules alone.
         if grad_checkpoint:
@@ -209,14 +223,11 @@ class Stepper:
         h = self.twin.features(batch[:, :-1])
         targets = batch[:, 1:].reshape(-1)
         mask = (targets != self.pad_id).astype(mx.float32)
-        loss = head_loss(
-            h.reshape(-1, h.shape[-1]),
-            self.twin.lm_head.weight,
-            targets,
-            mask,
-            self.loss_chunk,
-            grad=grad,
-        )
+        h, weight = h.reshape(-1, h.shape[-1]), self.twin.lm_head.weight
+        if self.tensor_group is not None:
+            loss = tensor.tp_head_loss(h, weight, targets, mask, self.tensor_group, self.loss_chunk)
+        else:
+            loss = head_loss(h, weight, targets, mask, self.loss_chunk, grad=grad)
         return loss, mask.sum()
 
     # --- sequential accumulation: one microbatch per call, accumulators materialized by caller
@@ -262,7 +273,7 @@ class Stepper:
         # One pass reads the sums for the norm; the division by the token count and the clip
         # fold into a single scale that compile fuses into AdamW's elementwise update, so the
         # mean gradient is never written out on its own (a full pass over the weights saved).
-        norm = global_norm(grad_sum) / ntok
+        norm = global_norm(grad_sum, self.tensor_group) / ntok
         scale = 1.0 / ntok
         if self.grad_clip > 0:
             scale = scale * mx.minimum(1.0, self.grad_clip / (norm + 1e-6))

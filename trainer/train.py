@@ -52,7 +52,7 @@ def train(
     run: Run = open_run(cfg, cluster, resume, say, explicit)
     state = run.state
     if cfg.allreduce_bucket_mb:
-        cluster.bucket_bytes = int(cfg.allreduce_bucket_mb * MiB)
+        cluster.bucket_bytes = run.layout.data.bucket_bytes = int(cfg.allreduce_bucket_mb * MiB)
     schedule = Schedule.from_config(
         cfg, tokens_per_update=cfg.accum * sum(state.split) * run.data.seq_len
     )
@@ -91,10 +91,11 @@ def train(
                         break
                 # the "test sentence": with each evaluation, and every --sample-every updates
                 sampled = cfg.sample_every and step % cfg.sample_every == 0
-                if cluster.is_root and (sampled or (evaluated and step and run.data.tokenizer)):
+                if run.layout.samples and (sampled or (evaluated and step and run.data.tokenizer)):
                     text = evaluation.sample(run)
                     say(f"sample step {step}: {text!r}")
-                    run.event("sample", text[:200], prompt=cfg.prompt, text=text)
+                    if cluster.is_root:
+                        run.event("sample", text[:200], prompt=cfg.prompt, text=text)
 
                 # --- one update: accum microsteps, the all-reduce, then the optimizer
                 # The global RNG is reseeded from (seed, step) every update, so anything random
@@ -105,7 +106,7 @@ def train(
                     run.batches(),
                     lr,
                     sequential=cfg.accum_mode == "sequential",
-                    cluster=cluster,
+                    cluster=run.layout.data,  # the replicas: a tensor group sums nothing
                     stage=watchdog.progress,
                 )
                 run.advance(figures, lr)

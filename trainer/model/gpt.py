@@ -48,7 +48,7 @@ class Attention(nn.Module):
         y = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask="causal"
         )
-        return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))
+        return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, -1))  # heads may be a shard
 
 
 class MLP(nn.Module):
@@ -100,7 +100,12 @@ class GPT(nn.Module):
         x = _norm(self.wte(idx), self.cfg.norm_eps)
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x = block(x, layer_cache)
-        return softcap(self.lm_head(_norm(x, self.cfg.norm_eps)))
+        logits = softcap(self.lm_head(_norm(x, self.cfg.norm_eps)))
+        group = getattr(self, "tensor_group", None)
+        if group is not None:  # tensor parallel: each rank holds a slice of the vocabulary
+            logits = mx.distributed.all_gather(logits.transpose(2, 0, 1), group=group)
+            logits = logits.transpose(1, 2, 0)
+        return logits
 
     def init_weights(self, seed: int) -> None:
         """nanochat's init: unit-variance embedding, zeroed output projections, small head."""

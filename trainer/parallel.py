@@ -1,0 +1,73 @@
+"""How the ranks of a run share the work: data-parallel replicas of tensor-parallel groups.
+
+    --parallel data        every rank a replica (the default): each takes its own local batch
+    --parallel tensor      every rank one slice of the model; all read the same rows
+    --parallel tensor:K    groups of K consecutive ranks, each group one replica (MPI, NCCL)
+
+Rank r is tensor rank r % K of replica r // K: consecutive ranks (one host's, as a hostfile
+lists them) form a group, so the per-block collectives stay on the fastest links. The batch
+split has one local batch per replica, and the gradient all-reduce runs among the replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from trainer.config import TrainConfig
+from trainer.distributed import Cluster
+
+# Backends whose groups can split into sub-groups (MLX 0.32: ring and JACCL cannot).
+SPLITTING_BACKENDS = ("mpi", "nccl")
+
+
+class LayoutError(ValueError):
+    """A --parallel that this world or backend cannot give."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the run: its replica, its slice, and the groups it talks in."""
+
+    tensor: int  # ranks per tensor-parallel group (1: data parallel)
+    replicas: int  # data-parallel replicas
+    replica: int  # this rank's replica: which local batch of the split it reads
+    tensor_rank: int  # this rank's slice of the model
+    tensor_group: mx.distributed.Group | None  # None: data parallel
+    data: Cluster  # the replicas (this rank and its peers of the same slice): gradients, sums
+
+    @property
+    def mode(self) -> str:
+        if self.tensor == 1:
+            return "data"
+        return "tensor" if self.replicas == 1 else f"tensor:{self.tensor}"
+
+    @property
+    def samples(self) -> bool:
+        """Whether this rank takes part in generating the test sentence: rank 0 alone in data
+        parallelism; every rank of replica 0's group in tensor parallelism (its forward pass
+        is a collective)."""
+        return self.replica == 0 and (self.tensor > 1 or self.tensor_rank == 0)
+
+
+def make_layout(cfg: TrainConfig, cluster: Cluster) -> Layout:
+    """The layout `--parallel` asks for over `cluster`; LayoutError says why it cannot be."""
+    k = cluster.size // cfg.replicas(cluster.size)
+    rank, parallel = cluster.rank, cfg.parallel
+    if k == 1:
+        return Layout(1, cluster.size, rank, 0, None, cluster)
+    replicas = cluster.size // k
+    if replicas == 1:
+        return Layout(k, 1, 0, rank, cluster.group, Cluster.solo())
+    if cluster.backend not in SPLITTING_BACKENDS:
+        raise LayoutError(
+            f"--parallel {parallel} over {cluster.size} ranks needs groups split out of the "
+            f"world, which the {cluster.backend} backend cannot do (MLX splits groups on MPI "
+            "and NCCL only): use --parallel tensor (one group of every rank) or data, or "
+            "launch with --backend mpi or nccl"
+        )
+    replica, tensor_rank = divmod(rank, k)
+    tensor_group = cluster.group.split(replica, tensor_rank)
+    data_group = cluster.group.split(tensor_rank, replica)
+    return Layout(k, replicas, replica, tensor_rank, tensor_group, Cluster(data_group))
