@@ -90,6 +90,7 @@ class Hello(Message):
     backlog: int = 0  # how many `update` records follow as history
     event_backlog: int = 0  # how many `event` records follow the updates, as history
     challenge: str = ""  # per-connection random hex; commands on this connection sign it
+    parallel: str = "data"  # data, tensor, or tensor:K (trainer/parallel.py)
 
 
 @dataclass(slots=True)
@@ -121,6 +122,9 @@ class Update(Message):
     mem_pressure: float | None = None  # 0..1 where the OS reports it (macOS), else None
     tokens_per_s: float = 0.0  # this rank's tokens / update_s
     simulated: bool = False  # a simulated slowdown was applied on this rank
+    # Tensor parallelism: the update's per-block all-reduces (inside compute_s), from a probe
+    # of the same transfers at the run's start; 0 in data parallelism.
+    collective_s: float = 0.0
     time: float = field(default_factory=time.time)
 
 

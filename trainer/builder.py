@@ -30,7 +30,7 @@ from trainer.model import tensor
 from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
-from trainer.parallel import Layout, LayoutError, make_layout
+from trainer.parallel import Layout, LayoutError, make_layout, probe_collectives
 from trainer.run import Data, Run
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
@@ -142,7 +142,9 @@ def open_run(
         data=data,
         identity=identity,
         banner=banner(cfg, model, data, layout, split, applied),
-        reporter=open_telemetry(cfg, cluster, commands, split[layout.replica], say, explicit),
+        reporter=open_telemetry(
+            cfg, cluster, commands, split[layout.replica], layout, say, explicit
+        ),
         commands=commands,
         saved_at=state.step if resume is not None else None,
     )
@@ -153,6 +155,13 @@ def open_run(
         window=cfg.autopilot_window,
         cooldown=cfg.autopilot_cooldown,
         pause_on_pressure=cfg.on_memory_pressure == "pause",
+    )
+    run.collective_s = cfg.accum * probe_collectives(
+        layout,
+        split[layout.replica] * data.seq_len,
+        model.cfg.width,
+        model.cfg.depth,
+        mx.float32 if cfg.precision == "fp32" else mx.bfloat16,
     )
     run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.tell)
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
@@ -275,6 +284,7 @@ def open_telemetry(
     cluster: Cluster,
     commands: CommandQueue,
     local_batch: int,
+    layout: Layout,
     say: Callable[[str], None],
     explicit: frozenset[str] = frozenset(),
 ) -> Reporter:
@@ -297,6 +307,7 @@ def open_telemetry(
         chip=memory.device_name(),
         memory_total=psutil.virtual_memory().total,
         local_batch=local_batch,
+        parallel=layout.mode,
         config_digest=cfg.digest(),
     )
     base = cfg.telemetry_port_base

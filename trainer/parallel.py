@@ -11,6 +11,7 @@ split has one local batch per replica, and the gradient all-reduce runs among th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -71,3 +72,28 @@ def make_layout(cfg: TrainConfig, cluster: Cluster) -> Layout:
     tensor_group = cluster.group.split(replica, tensor_rank)
     data_group = cluster.group.split(tensor_rank, replica)
     return Layout(k, replicas, replica, tensor_rank, tensor_group, Cluster(data_group))
+
+
+def probe_collectives(layout: Layout, rows: int, width: int, depth: int, dtype) -> float:
+    """Seconds one microstep spends in the per-block all-reduces of tensor parallelism: two in
+    each block's forward pass (attention's and the MLP's output projections), two in its
+    backward pass (the gradients of their inputs), one each for the embedding and the head,
+    each of (rows x width) values. Inside the compiled step they cannot be told apart from
+    compute, so the same chain of transfers is timed once on the real group, as one graph
+    (each all-reduce waiting for the last, as in the step): the median of five. 0 without a
+    group."""
+    group = layout.tensor_group
+    if group is None:
+        return 0.0
+    count = 4 * depth + 2
+    x = mx.zeros((rows, width), dtype=dtype)
+    mx.eval(x, mx.distributed.all_sum(x, group=group))  # connect and warm up
+    times = []
+    for _ in range(5):
+        y = x
+        t0 = time.perf_counter()
+        for _ in range(count):
+            y = mx.distributed.all_sum(y, group=group)
+        mx.eval(y)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[2]

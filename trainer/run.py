@@ -33,7 +33,6 @@ from trainer.parallel import Layout
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
 
-
 FIXED_SPLIT = (
     "a tensor-parallel split is fixed: every rank of a group reads the same rows, and the "
     "groups' batches are set at launch (--local-batches); restart to change them"
@@ -79,6 +78,7 @@ class Run:
     pilot: Autopilot = field(default_factory=lambda: Autopilot(1))  # rank 0 steers with it
     alerts: Alerts | None = None  # rank 0 raises them
     extra_peak: float = 0.0  # --simulate-peak-gb of this rank, in bytes
+    collective_s: float = 0.0  # tensor parallelism: an update's per-block all-reduces (probed)
     measured: dict[str, float] = field(default_factory=dict)  # the last update, for rank 0
     stopping: bool = False  # a stop was applied at this boundary
     last_saved: Path | None = None
@@ -181,6 +181,7 @@ class Run:
             cache_mem=mem.cache,
             tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
             simulated=isinstance(self.stepper, SlowedStepper),
+            collective_s=self.collective_s,
             **sysmem.sample().update_fields(),
         )
         self.reporter.on_update(rec)

@@ -3,9 +3,9 @@ embedding and of the head, and the group computes what one rank would.
 
 Megatron's layout, with MLX's own distributed layers where they serve:
 
-- attention: q, k and v column-sharded by heads (`nn.AllToShardedLinear`: QK-norm and rotary
-  stay per head, so they need nothing), the output projection row-sharded
-  (`nn.ShardedToAllLinear`: one all_sum of the block's output);
+- attention: q, k and v column-sharded by heads (QK-norm and rotary stay per head, so they
+  need nothing; their shared input's gradient is summed once, as `nn.AllToShardedLinear` sums
+  each layer's), the output projection row-sharded (`nn.ShardedToAllLinear`: one all_sum);
 - MLP: `c_fc` column-sharded, `c_proj` row-sharded (one more all_sum);
 - vocabulary: the embedding sharded by rows (each rank looks up the ids in its range, zeros
   elsewhere, then one all_sum), and the head column-sharded, read by a vocabulary-parallel
@@ -32,7 +32,7 @@ from mlx.nn.layers.distributed import sum_gradients
 from mlx.utils import tree_flatten, tree_unflatten
 
 from trainer.model.config import LOGIT_SOFTCAP, ModelConfig
-from trainer.model.gpt import GPT
+from trainer.model.gpt import GPT, Attention
 
 Group = mx.distributed.Group
 
@@ -84,6 +84,23 @@ class VocabParallelEmbedding(nn.Module):
         return mx.distributed.all_sum(x, group=self.group)
 
 
+class TensorAttention(Attention):
+    """Attention over this rank's heads. q, k and v read the same input: its gradient is
+    summed over the group once, here, rather than once per projection (as three
+    `AllToShardedLinear`s would): one all_sum of the backward pass instead of three."""
+
+    def __call__(self, x: mx.array, cache=None) -> mx.array:
+        return super().__call__(sum_gradients(self.group)(x), cache)
+
+
+def _local(linear: nn.Linear, group: Group) -> nn.Linear:
+    """A plain linear layer holding this rank's output rows of `linear` (no communication: its
+    input's gradient is summed by the caller)."""
+    out = nn.Linear(linear.weight.shape[1], linear.weight.shape[0] // group.size(), bias=False)
+    out.weight = _slice(linear.weight, "weight", group)
+    return out
+
+
 def shard_gpt(model: GPT, group: Group) -> GPT:
     """Make `model` (full weights, on every rank alike) this rank's tensor-parallel shard of
     itself, in place: the same parameter tree, each array this rank's slice of it."""
@@ -98,9 +115,10 @@ def shard_gpt(model: GPT, group: Group) -> GPT:
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
         for name in ("c_q", "c_k", "c_v"):
-            setattr(attn, name, nn.AllToShardedLinear.from_linear(getattr(attn, name), group=group))
+            setattr(attn, name, _local(getattr(attn, name), group))
         attn.c_proj = nn.ShardedToAllLinear.from_linear(attn.c_proj, group=group)
         attn.heads = cfg.heads // n
+        attn.__class__, attn.group = TensorAttention, group
         mlp.c_fc = nn.AllToShardedLinear.from_linear(mlp.c_fc, group=group)
         mlp.c_proj = nn.ShardedToAllLinear.from_linear(mlp.c_proj, group=group)
     model.lm_head = nn.AllToShardedLinear.from_linear(model.lm_head, group=group)
