@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+SPLITTING_BACKENDS = ("mpi", "nccl")  # backends whose groups split into sub-groups (MLX 0.32)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message says which key and why."""
@@ -212,6 +214,20 @@ class TrainConfig:
                 f"launch a multiple of {k} ranks"
             )
         return world_size // k
+
+    def needs_split_groups(self, world_size: int, backend: str) -> str | None:
+        """Why `backend` cannot give this --parallel over `world_size` ranks, or None: replicas
+        of tensor-parallel groups are groups split out of the world, which MLX does on MPI and
+        NCCL only (ring and JACCL cannot split a group)."""
+        replicas = self.replicas(world_size)
+        if 1 < replicas < world_size and backend not in SPLITTING_BACKENDS:
+            return (
+                f"--parallel {self.parallel} over {world_size} ranks makes {replicas} groups "
+                f"split out of the world, which the {backend} backend cannot do (MLX splits "
+                "groups on MPI and NCCL only): use --parallel tensor (one group of every rank) "
+                "or data, or launch with --backend mpi or nccl"
+            )
+        return None
 
     def split(self, world_size: int) -> list[int]:
         """The local batch of every replica (of every rank, in data parallelism)."""

@@ -19,9 +19,6 @@ import mlx.core as mx
 from trainer.config import TrainConfig
 from trainer.distributed import Cluster
 
-# Backends whose groups can split into sub-groups (MLX 0.32: ring and JACCL cannot).
-SPLITTING_BACKENDS = ("mpi", "nccl")
-
 
 class LayoutError(ValueError):
     """A --parallel that this world or backend cannot give."""
@@ -55,19 +52,14 @@ class Layout:
 def make_layout(cfg: TrainConfig, cluster: Cluster) -> Layout:
     """The layout `--parallel` asks for over `cluster`; LayoutError says why it cannot be."""
     k = cluster.size // cfg.replicas(cluster.size)
-    rank, parallel = cluster.rank, cfg.parallel
+    rank = cluster.rank
     if k == 1:
         return Layout(1, cluster.size, rank, 0, None, cluster)
     replicas = cluster.size // k
     if replicas == 1:
         return Layout(k, 1, 0, rank, cluster.group, Cluster.solo())
-    if cluster.backend not in SPLITTING_BACKENDS:
-        raise LayoutError(
-            f"--parallel {parallel} over {cluster.size} ranks needs groups split out of the "
-            f"world, which the {cluster.backend} backend cannot do (MLX splits groups on MPI "
-            "and NCCL only): use --parallel tensor (one group of every rank) or data, or "
-            "launch with --backend mpi or nccl"
-        )
+    if (why := cfg.needs_split_groups(cluster.size, cluster.backend)) is not None:
+        raise LayoutError(why)
     replica, tensor_rank = divmod(rank, k)
     tensor_group = cluster.group.split(replica, tensor_rank)
     data_group = cluster.group.split(tensor_rank, replica)

@@ -90,3 +90,17 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, f"no checkpoint {step} in {timeout} s"
         time.sleep(0.1)
+
+
+def assert_close_weights(a: dict, b: dict, rel: float = 1e-5) -> float:
+    """Each tensor of `b` equals `a`'s within `rel` of its norm; returns the largest such
+    difference (tensor parallelism sums in another order: FP32 rounding, amplified by AdamW in
+    the weights that start at zero)."""
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for name in a:
+        assert a[name].shape == b[name].shape, name
+        diff = float(np.linalg.norm(b[name] - a[name]) / max(np.linalg.norm(a[name]), 1e-30))
+        assert diff <= rel, f"{name}: {diff:.2e} of its norm"
+        worst = max(worst, diff)
+    return worst

@@ -202,6 +202,9 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     if backend == "mpi":
         check_mpirun(world)
     cfg = check_train_args(command[1:], world) if command[0] == "train" else None
+    splits = cfg is not None and backend in ("ring", "jaccl")
+    if splits and (why := cfg.needs_split_groups(world, backend)) is not None:
+        raise LaunchError(why)
     if args.restarts and cfg is None:
         raise LaunchError("--restarts needs a `train` command (it resumes from checkpoints)")
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
