@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.optimizers as optim
+from mlx.utils import tree_flatten
 
 from telemetry import sysmem
 from telemetry.control import CommandQueue
@@ -118,6 +119,7 @@ class Run:
             architecture=self.identity["architecture"],
             params=self.model.cfg.num_params(),
             parallel=self.layout.mode,
+            resident_bytes=self.resident_bytes(),
             precision=cfg.precision,
             autopilot=cfg.autopilot,
         )
@@ -125,6 +127,12 @@ class Run:
             self.event(
                 "restarted", f"restart {restart.get('attempt')}: {restart.get('reason')}", **restart
             )
+
+    def resident_bytes(self) -> int:
+        """Bytes of this rank's weights and optimizer state (its slice of them, in tensor
+        parallelism): what the model costs this rank before any activation."""
+        trees = (self.model.parameters(), self.optimizer.state)
+        return sum(a.nbytes for t in trees for _, a in tree_flatten(t) if isinstance(a, mx.array))
 
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and

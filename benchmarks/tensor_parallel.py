@@ -1,0 +1,172 @@
+"""Tensor parallelism against one rank and against data parallelism (issue 21's figures).
+
+    python benchmarks/tensor_parallel.py --out benchmarks/results/tensor-parallel.json
+
+On this machine's CPU over the ring backend (real ranks under `fleet launch`):
+- equality: loss and weights after --updates updates, TP 2 and TP 4 against one rank;
+- memory: each rank's resident weights + optimizer state (the `started` event's figure), TP 2
+  and 4 against one rank, and each rank's peak over depths (the deepest model under a limit);
+- cost: update time and the per-block collectives' time (probed) on 2 ranks, TP against data
+  parallelism of the same global batch, in interleaved pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from telemetry.arrowlog import read_events, read_updates  # noqa: E402
+from tests.support.fleet import launch_args, run_fleet  # noqa: E402
+from trainer.checkpoint import catalog  # noqa: E402
+
+MODEL = ["--width", "128", "--heads", "4", "--seed", "4", "--telemetry-port-base", "0"]
+
+
+def train(data: Path, run: Path, n: int, *args: str) -> None:
+    if n == 1:
+        run_fleet("train", "--data", str(data), "--run-dir", str(run), *args, timeout=1800)
+    else:
+        run_fleet(*launch_args(n, data, run, *args), timeout=1800)
+
+
+def weights(run: Path, step: int) -> dict[str, np.ndarray]:
+    return {
+        k: np.array(v)
+        for k, v in mx.load(str(catalog.step_dir(run, step) / catalog.WEIGHTS)).items()
+    }
+
+
+def equality(data: Path, tmp: Path, updates: int) -> dict:
+    common = [
+        *MODEL,
+        "--depth",
+        "2",
+        "--local-batch",
+        "4",
+        "--accum",
+        "2",
+        "--updates",
+        str(updates),
+    ]
+    common += ["--checkpoint-every", str(updates)]
+    train(data, tmp / "one", 1, *common)
+    base_w, base_loss = weights(tmp / "one", updates), read_updates(tmp / "one")
+    base_loss = np.array(base_loss.filter(base_loss["rank"].equal(0))["loss"].to_pylist())
+    out = {}
+    for n in (2, 4):
+        run = tmp / f"tp{n}"
+        train(data, run, n, *common, "--parallel", "tensor")
+        w = weights(run, updates)
+        t = read_updates(run)
+        loss = np.array(t.filter(t["rank"].equal(0))["loss"].to_pylist())
+        out[f"tp{n}"] = {
+            "loss_max_rel": float(np.max(np.abs(loss - base_loss) / np.abs(base_loss))),
+            "weights_max_norm_rel": max(
+                float(np.linalg.norm(w[k] - base_w[k]) / np.linalg.norm(base_w[k])) for k in w
+            ),
+            "weights_max_elementwise_rel": max(
+                float(np.max(np.abs(w[k] - base_w[k])) / np.max(np.abs(base_w[k]))) for k in w
+            ),
+        }
+    return out
+
+
+def started(run: Path) -> dict[int, dict]:
+    return {e["rank"]: e["data"] for e in read_events(run) if e["kind"] == "started"}
+
+
+def peaks(run: Path) -> dict[int, int]:
+    t = read_updates(run)
+    return {
+        r: max(t.filter(t["rank"].equal(r))["peak_mem"].to_pylist())
+        for r in set(t["rank"].to_pylist())
+    }
+
+
+def memory(data: Path, tmp: Path, depths: list[int], limit_mib: float) -> dict:
+    resident, deepest = {}, {}
+    for n in (1, 2, 4):
+        fits = 0
+        for depth in depths:
+            run = tmp / f"mem{n}-{depth}"
+            args = [*MODEL, "--depth", str(depth), "--local-batch", "2", "--updates", "2"]
+            train(data, run, n, *args, *(["--parallel", "tensor"] if n > 1 else []))
+            bytes_ = [started(run)[r]["resident_bytes"] for r in range(n)]
+            peak = max(peaks(run).values())
+            resident.setdefault(n, {})[depth] = {"resident_bytes": bytes_, "peak_bytes": peak}
+            if peak <= limit_mib * 2**20:
+                fits = depth
+        deepest[n] = fits
+    ratio = {
+        n: max(v["resident_bytes"]) / resident[1][d]["resident_bytes"][0]
+        for n in (2, 4)
+        for d, v in resident[n].items()
+        if d == depths[-1]
+    }
+    return {"resident": resident, "ratio_at_deepest": ratio, "deepest_under_limit": deepest,
+            "limit_mib": limit_mib}  # fmt: skip
+
+
+def cost(data: Path, tmp: Path, pairs: int, updates: int) -> dict:
+    common = [*MODEL, "--depth", "4", "--accum", "2", "--updates", str(updates)]
+    rows = {"data": [], "tensor": [], "collective_s": []}
+    for i in range(pairs):  # interleaved: a pair shares the machine's mood
+        for mode in ("data", "tensor"):
+            run = tmp / f"cost-{mode}-{i}"
+            split = ["--local-batch", "2"] if mode == "data" else ["--local-batch", "4"]
+            train(data, run, 2, *common, *split, "--parallel", mode)
+            t = read_updates(run)
+            t = t.filter(t["rank"].equal(0))
+            times = t["update_s"].to_pylist()[2:]  # the first updates compile
+            rows[mode].append(statistics.median(times))
+            if mode == "tensor":
+                rows["collective_s"].append(statistics.median(t["collective_s"].to_pylist()))
+    return {
+        "update_s_data": rows["data"],
+        "update_s_tensor": rows["tensor"],
+        "collective_s_tensor": rows["collective_s"],
+        "tensor_over_data": [t / d for t, d in zip(rows["tensor"], rows["data"], strict=True)],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=10, help="updates for the equality check")
+    parser.add_argument("--depths", default="2,4,8,12", help="depths for the memory sweep")
+    parser.add_argument("--limit-mib", type=float, default=64.0, help="the memory limit (MiB)")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs for the cost")
+    parser.add_argument("--only", choices=("equality", "memory", "cost"), help="one part")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = tmp / "data"
+        run_fleet("prepare", "--stdlib", "--max-files", "40", "--seq-len", "64", "--out", str(data))
+        out = {}
+        if args.only in (None, "equality"):
+            out["equality"] = equality(data, tmp, args.updates)
+        if args.only in (None, "memory"):
+            out["memory"] = memory(
+                data, tmp, [int(d) for d in args.depths.split(",")], args.limit_mib
+            )
+        if args.only in (None, "cost"):
+            out["cost"] = cost(data, tmp, args.pairs, 12)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
