@@ -1,0 +1,151 @@
+"""A trial's process: a real `fleet launch` (or one-rank `fleet train`) run in its own
+process group, its output in the sweep folder, stopped with a checkpoint by SIGTERM, and a
+previous controller's orphan found and ended."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from trainer.checkpoint import catalog
+from trainer.checkpoint.manifest import step_of
+
+
+class TrialProcess:
+    """One session of a trial: started, polled, asked to stop, ended."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self.started = time.monotonic()
+        with open(log, "a") as out:  # the child keeps its own descriptor
+            out.write(f"\n$ {' '.join(argv)}\n")
+            out.flush()
+            # Its own session: a signal meant for the controller is not also the trial's,
+            # and the whole tree (mlx.launch and the ranks) is one group to end.
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self.asked_stop = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        """Ask the trial to stop at its next update, with a checkpoint (fleet launch and
+        fleet train both do that on SIGTERM)."""
+        if self.asked_stop or self.proc.poll() is not None:
+            return
+        self.asked_stop = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+
+    def end_if_late(self, grace: float) -> None:
+        """A trial asked to stop that is still running `grace` seconds later is ended."""
+        if self.asked_stop and time.monotonic() - self.asked_stop > grace:
+            kill_group(self.proc.pid)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def end_orphan(pid: int, run_dir: Path, grace: float) -> bool:
+    """End a trial left running by a controller that died (SIGKILL does not reach its
+    children): SIGTERM to its group (it checkpoints), then SIGKILL after `grace` seconds.
+    Only a process whose command line names this trial's run folder is touched (a pid may
+    have been reused since). Returns whether there was one."""
+    try:
+        proc = psutil.Process(pid)
+        if str(run_dir) not in " ".join(proc.cmdline()):
+            return False
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            return True
+        time.sleep(0.2)
+    kill_group(pid)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def resume_point(run_dir: Path, eval_every: int, evaluated: set[int]) -> Path | None:
+    """The checkpoint a restarted trial resumes from, or None to start over.
+
+    The newest verified checkpoint before the next evaluation the sweep still needs (the
+    one after the newest logged). The trainer evaluates before an update, and never at the
+    update it resumed from: resuming at that point, or past it (a kill can lose the last
+    second of the log, the evaluation's event with it), would lose that evaluation, the
+    final one if it is the budget's end. From an earlier checkpoint the updates are redone
+    exactly, and the evaluation with them.
+    """
+    needed = max(evaluated, default=0) + eval_every
+    for path in reversed(catalog.complete(run_dir)):
+        step = step_of(path.name)
+        if step is None or step >= needed:
+            continue
+        manifest = catalog.verified(path)
+        if manifest is None or manifest.get("replicas_agree") is False:
+            continue
+        return path
+    return None
+
+
+def free_base(count: int) -> int:
+    """A port with `count` consecutive free loopback ports from it."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        held = []
+        try:
+            for p in range(base, base + count):
+                t = socket.socket()
+                held.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in held:
+                t.close()
+    raise OSError("no free range of loopback ports")
