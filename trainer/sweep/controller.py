@@ -132,8 +132,10 @@ class Controller:
         resume: bool = False,
         say: Callable[[str], None] | None = None,
         env: dict[str, str] | None = None,
+        argv_for: Callable[[Spec, list[str], str, int], list[str]] = plan.command,
     ) -> None:
         self.spec, self.folder = spec, spec.folder
+        self.argv_for = argv_for  # (spec, train args, hostfile, port) -> the trial's argv
         self.dir = layout.at(self.folder)
         self.say = say or (lambda msg: print(msg, flush=True))
         self.env = dict(os.environ if env is None else env)
@@ -316,7 +318,7 @@ class Controller:
             s.fleet.hostfile
         )  # fmt: skip
         port = s.fleet.starting_port or (free_base(s.fleet.ranks + 1) if not hostfile else 32323)
-        argv = plan.command(s, train, hostfile, port)
+        argv = self.argv_for(s, train, hostfile, port)
         env = dict(self.env)
         if not hostfile and "OPENBLAS_NUM_THREADS" not in env:
             # Trials side by side share this machine's cores.
