@@ -5,7 +5,8 @@ ArrowLog), stops on SIGTERM, and trains nothing (no mlx).
 Its validation loss falls with the updates and is lowest at --lr 3e-3; --lr above 0.05 gives
 a NaN loss at update 3 (and exit 5, as the trainer does); each --seed shifts it a little.
 FAKE_TRIAL_DELAY in the environment is the seconds per update; a trial whose run folder's
-name is FAKE_TRIAL_FAIL exits 1 at once, as a trial that cannot start would.
+name is FAKE_TRIAL_FAIL exits 1 at once, as a trial that cannot start would; one named
+FAKE_TRIAL_SLOW takes 0.3 s per update.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main() -> int:
     p.add_argument("--local-batch", type=int, default=8)
     a, _ = p.parse_known_args()
     delay = float(os.environ.get("FAKE_TRIAL_DELAY", "0.02"))
+    if os.path.basename(a.run_dir) == os.environ.get("FAKE_TRIAL_SLOW"):
+        delay = 0.3
     if os.path.basename(a.run_dir) == os.environ.get("FAKE_TRIAL_FAIL"):
         print("fake trial: boom", flush=True)
         return 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.files import atomic_write
 from trainer.sweep import champion, layout, metric, plan, pruning
 from trainer.sweep.spec import Spec, SpecError, load
 from trainer.sweep.trial import TrialProcess, end_orphan, free_base, resume_point
@@ -45,7 +45,7 @@ def need_optuna():
     return optuna
 
 
-def open_study(spec: Spec, folder: Path, *, create: bool):
+def open_study(spec: Spec, folder: Path):
     """The sweep's study in SWEEP/study.db (created, or loaded as it was left)."""
     optuna = need_optuna()
     sampler = _sampler(spec, optuna)
@@ -55,7 +55,7 @@ def open_study(spec: Spec, folder: Path, *, create: bool):
         direction=spec.direction,
         sampler=sampler,
         pruner=pruning.make_pruner(spec.rule, spec.warmup, spec.min_trials, spec.reduction),
-        load_if_exists=not create,
+        load_if_exists=True,
     )
 
 
@@ -164,17 +164,15 @@ class Controller:
                     f"{self.folder} was made by another spec ({key} differs from {d.spec}): "
                     "resume it with the same spec, or start a new folder (--out)"
                 )
-            if not d.study.is_file():
-                raise SweepError(f"{d.study} is missing: the sweep cannot be resumed")
-            return open_study(spec, self.folder, create=False)
-        if resume:
+        elif resume:
             raise SweepError(f"nothing to resume: {self.folder} holds no sweep")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        study = open_study(spec, self.folder, create=True)
-        if spec.baseline:
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # The spec first: a crash before the study exists leaves a folder --resume takes.
+            atomic_write(d.spec, spec.path.read_bytes())
+        study = open_study(spec, self.folder)
+        if spec.baseline and not study.get_trials(deepcopy=False):
             study.enqueue_trial(spec.baseline, user_attrs={"baseline": True})
-        study.set_user_attr("spec_digest", spec.digest)
-        shutil.copyfile(spec.path, d.spec)  # last: a folder with spec.toml has a study
         self._split_hostfile()
         return study
 

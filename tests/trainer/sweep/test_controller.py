@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -112,10 +113,14 @@ class Crash(Exception):
 
 
 def test_a_crash_mid_trial_resumes_with_none_lost_or_repeated(tmp_path):
-    spec, env = make(tmp_path, FAKE_TRIAL_DELAY="0.05")
+    spec, env = make(tmp_path, FAKE_TRIAL_SLOW="0002")  # still running when resumed
 
     def crash_at_trial_2(msg: str) -> None:
         if msg.startswith("trial 2 ("):
+            deadline = time.monotonic() + 60
+            while not (spec.folder / "trials" / "0002" / "telemetry").is_dir():
+                assert time.monotonic() < deadline  # the trial is writing its logs
+                time.sleep(0.05)
             raise Crash  # the controller dies here, its trial left running (an orphan)
 
     with pytest.raises(Crash):
