@@ -168,3 +168,30 @@ def test_a_folder_of_another_spec_or_nothing_to_resume_is_one_line(tmp_path):
     more, _ = make(tmp_path, SPEC.replace("trials = 6", "trials = 2"))  # more trials: allowed
     assert Controller(more, resume=True, env=env, argv_for=fake, say=lambda m: None).run() == 0
     assert sum(t.user_attrs["role"] == "search" for t in study_of(more).trials) == 2
+
+
+def test_concurrent_trials_run_side_by_side(tmp_path):
+    text = SPEC.replace("trials = 6", "trials = 4").replace("[baseline]\nlr = 0.08\n", "")
+    spec, env = make(tmp_path, text + "[fleet]\nconcurrent = 2\n", FAKE_TRIAL_DELAY="0.1")
+    said = []
+    assert Controller(spec, env=env, argv_for=fake, say=said.append).run() == 0
+    first_end = next(i for i, m in enumerate(said) if ": finished" in m or ": pruned" in m)
+    assert sum(" started: " in m for m in said[:first_end]) == 2  # two at once
+    s = study_of(spec)
+    assert len(s.trials) == 4 + 2 and all(t.state.name != "FAIL" for t in s.trials)
+
+
+def test_the_command_line_says_each_mistake_in_one_line(tmp_path):
+    from tests.support.fleet import run_fleet
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SPEC.replace("local_batch = 8", "local_bach = 8"))
+    for args, says in [
+        (["sweep", str(tmp_path / "missing.toml")], "cannot read it"),
+        (["sweep", str(bad)], "[train] --local-bach is not a fleet train flag"),
+        (["sweep", "status"], "give the sweep folder: fleet sweep status SWEEP"),
+        (["sweep", "status", str(tmp_path)], "is not a sweep folder"),
+    ]:
+        out = run_fleet(*args, check=False)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
