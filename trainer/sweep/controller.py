@@ -134,7 +134,8 @@ class Controller:
         env: dict[str, str] | None = None,
         argv_for: Callable[[Spec, list[str], str, int], list[str]] = plan.command,
     ) -> None:
-        self.spec, self.folder = spec, spec.folder
+        # Absolute: a trial is found again by its run folder in its command line.
+        self.spec, self.folder = spec, Path(spec.folder).resolve()
         self.argv_for = argv_for  # (spec, train args, hostfile, port) -> the trial's argv
         self.dir = layout.at(self.folder)
         self.say = say or (lambda msg: print(msg, flush=True))
@@ -343,8 +344,7 @@ class Controller:
         for frozen in running:
             trial = optuna.trial.Trial(self.study, frozen._trial_id)
             run_dir = self.dir.trial(frozen.number)
-            pid = frozen.user_attrs.get("pid")
-            if pid and end_orphan(int(pid), run_dir, self.spec.fleet.stop_grace + 10):
+            if end_orphan(run_dir, self.spec.fleet.stop_grace + 10):
                 self.say(f"trial {frozen.number}: ended the process the last controller left")
             if frozen.user_attrs.get("failed"):  # decided, not yet told
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)

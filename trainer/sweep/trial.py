@@ -76,34 +76,40 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def end_orphan(pid: int, run_dir: Path, grace: float) -> bool:
-    """End a trial left running by a controller that died (SIGKILL does not reach its
-    children): SIGTERM to its group (it checkpoints), then SIGKILL after `grace` seconds.
-    Only a process whose command line names this trial's run folder is touched (a pid may
-    have been reused since). Returns whether there was one."""
-    try:
-        proc = psutil.Process(pid)
-        if str(run_dir) not in " ".join(proc.cmdline()):
-            return False
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+def end_orphan(run_dir: Path, grace: float) -> bool:
+    """End a trial left running by a controller that died (a SIGKILL does not reach its
+    children): SIGTERM to the top process of the trial (fleet launch forwards it to every
+    rank; each checkpoints), then SIGKILL to every process still there after `grace` seconds.
+    Found by the run folder in its command line, not by a recorded pid: a kill between
+    starting a trial and recording its pid must not leave two processes writing one run
+    folder. Returns whether there was one."""
+    procs = _naming(run_dir)
+    if not procs:
         return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+    pids = {p.pid for p in procs}
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.ppid() not in pids:  # the top one: fleet launch, or a one-rank fleet train
+                p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _group_alive(pid):
-            return True
+    while _naming(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    kill_group(pid)
+    for p in _naming(run_dir):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    for p in psutil.process_iter():
+def _naming(run_dir: Path) -> list[psutil.Process]:
+    """Live processes (not this one) with `run_dir` as an argument."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
         with contextlib.suppress(psutil.Error):
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                return True
-    return False
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if str(run_dir) in (proc.info["cmdline"] or []):
+                out.append(proc)
+    return out
 
 
 def resume_point(run_dir: Path, eval_every: int, evaluated: set[int]) -> Path | None:
