@@ -84,11 +84,17 @@ def sweep(a: argparse.Namespace, rule: str) -> dict:
     s = report.open_sweep(folder)
     data = report.summary(s)
     search = [r for r in data["trials"] if r["role"] == "search"]
+    from trainer.sweep import metric
+
+    # Updates trained, read from each trial's log: the time saved, free of this box's load.
+    trained = [metric.progress(folder / "trials" / f"{r['trial']:04d}").step for r in search]
     champ = next(c for c in data["candidates"] if c["trial"] == data["champion"])
     return {
         "rule": rule,
         "wall_s": round(wall, 1),
         "trial_s": [round(r["run_s"] or 0, 1) for r in data["trials"]],
+        "search_updates": trained,
+        "search_updates_total": sum(trained),
         "pruned": [
             {"trial": r["trial"], "at": r["last_at"], "why": r["ended"]}
             for r in search

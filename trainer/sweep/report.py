@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from telemetry.units import gib_text
+from telemetry.units import GiB, MiB, gib_text
 from trainer.sweep import champion, layout, plan, pruning
 from trainer.sweep.controller import SweepError, need_optuna, records
 from trainer.sweep.spec import Spec, SpecError, load
@@ -125,6 +125,13 @@ def _num(v: Any, fmt: str = ".4f") -> str:
     return format(v, fmt) if isinstance(v, (int, float)) else str(v)
 
 
+def _size(n: int | None) -> str:
+    """Peak memory: GiB, or MiB for the tiny models of a CPU sweep."""
+    if not n:
+        return "-"
+    return gib_text(n) if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
 def _params(params: dict[str, Any]) -> str:
     return " ".join(
         f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
@@ -150,7 +157,7 @@ def render(data: dict[str, Any]) -> str:
             f"{mark} {r['trial']:>5}  {role:<10} {_num(r['seed'], 'd'):>4}  "
             f"{_params(r['params'])[:36]:<36} {value:>9}  {_num(r['tokens_per_s'], ',.0f'):>8}  "
             f"{_num(r['run_s'], '.0f'):>5}s  "
-            f"{gib_text(r['peak_mem']) if r['peak_mem'] else '-':>9}  {r['ended']}"
+            f"{_size(r['peak_mem']):>9}  {r['ended']}"
         )
     lines.append(
         "  (~: the last evaluation of a trial that did not finish; * the champion; "
