@@ -303,8 +303,8 @@ class Controller:
             self._tell_failed(trial, f"cannot run these values: {e}")
             return
         reported = set(self.study._storage.get_trial(trial._trial_id).intermediate_values)
-        evaluated = {step for step in metric.progress(run_dir).evals if step % tp.eval_every == 0}
-        point = resume_point(run_dir, tp.eval_every, evaluated) if resume else None
+        evaluated = set(metric.progress(run_dir).evals)
+        point = resume_point(run_dir, tp.updates, evaluated) if resume else None
         if resume and point is None and run_dir.exists():
             # Nothing usable to resume from: start over in a fresh folder, keeping the old.
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.restart-{int(time.time())}"))

@@ -112,20 +112,19 @@ def _naming(run_dir: Path) -> list[psutil.Process]:
     return out
 
 
-def resume_point(run_dir: Path, eval_every: int, evaluated: set[int]) -> Path | None:
+def resume_point(run_dir: Path, final_step: int, evaluated: set[int]) -> Path | None:
     """The checkpoint a restarted trial resumes from, or None to start over.
 
-    The newest verified checkpoint before the next evaluation the sweep still needs (the
-    one after the newest logged). The trainer evaluates before an update, and never at the
-    update it resumed from: resuming at that point, or past it (a kill can lose the last
-    second of the log, the evaluation's event with it), would lose that evaluation, the
-    final one if it is the budget's end. From an earlier checkpoint the updates are redone
-    exactly, and the evaluation with them.
+    The newest verified checkpoint whose replicas agree, except past the budget's end while
+    its evaluation (at `final_step`) is not in the log: the trainer evaluates before an update
+    and never at the update it resumed from, so resuming at or past that point would lose the
+    trial's metric (a kill can also lose the last second of the log, that event with it).
+    Then an earlier checkpoint: its updates are redone exactly, and the evaluation with them.
+    An intermediate evaluation lost that way only leaves the pruner one point fewer to judge.
     """
-    needed = max(evaluated, default=0) + eval_every
     for path in reversed(catalog.complete(run_dir)):
         step = step_of(path.name)
-        if step is None or step >= needed:
+        if step is None or (final_step not in evaluated and step >= final_step):
             continue
         manifest = catalog.verified(path)
         if manifest is None or manifest.get("replicas_agree") is False:
