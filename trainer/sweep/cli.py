@@ -37,6 +37,14 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "warm-up, the best re-run on new seeds before a champion is crowned. "
         "`fleet sweep status SWEEP` and `fleet sweep promote SWEEP` read a sweep folder."
     )
+    parser.epilog = (
+        "SPEC is TOML: name, sampler (grid, random, tpe), trials; [train] the fixed flags; "
+        "[search] each searched flag as { low, high, log } or { values = [...] }; [baseline]; "
+        "[budget] tokens and evals; [metric] name (val_bpb, val_loss) and direction; [prune] "
+        "rule (median, halving, none), warmup, diverge; [champion] top_k and seeds; [fleet] "
+        "ranks or hostfile, concurrent. An example with every key: the docstring of "
+        "trainer/sweep/spec.py."
+    )
     parser.add_argument(
         "target",
         metavar="SPEC|status|promote",
