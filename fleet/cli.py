@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("trainer.cli", "check a fleet before a run: hosts, versions, data, group, links"),
     "export": ("trainer.cli", "write a checkpoint as an mlx-lm model folder (mlx_lm.load)"),
     "sample": ("trainer.cli", "generate text from a checkpoint, printed as it comes"),
+    "sweep": ("trainer.sweep.cli", "search train flags with Optuna; crown a champion over seeds"),
     "bench": ("bench.cli", "benchmarks: memory, balance, throughput, telemetry, console"),
     "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
     "report": ("telemetry.cli", "summarize a run from its telemetry logs"),
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.blas import reexec_with_openblas
 
         reexec_with_openblas(argv)
-    module = import_module(SUBCOMMANDS[name][0])
+    owner = SUBCOMMANDS[name][0]
+    if name == "report" and rest and not rest[0].startswith("-"):
+        from trainer.sweep.layout import is_sweep  # a sweep folder has its own report
+
+        owner = "trainer.sweep.cli" if is_sweep(rest[0]) else owner
+    module = import_module(owner)
     parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
     module.configure(name, parser)
     args = parser.parse_args(rest)

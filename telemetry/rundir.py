@@ -8,6 +8,7 @@ the console read or write.
       telemetry/           rank-N.arrow logs, rank-N.sock, ports.json (telemetry)
       ranks/               rank-N.json heartbeats (trainer/heartbeat.py)
       launch/              hostfiles of restarts that shrank the fleet (trainer/launch)
+      trackers/            what --report-to writes here: tensorboard/, swanlog/, wandb/
 
 The same names serve a run folder on another host: `at(PurePosixPath(remote))` keeps the path
 type it is given, so the console builds remote paths with them too.
@@ -26,6 +27,7 @@ TELEMETRY = "telemetry"
 PORTS = "ports.json"  # inside TELEMETRY
 RANKS = "ranks"
 LAUNCH = "launch"
+TRACKERS = "trackers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,10 @@ class RunDir:
     @property
     def launch(self) -> PurePath:
         return self.root / LAUNCH
+
+    @property
+    def trackers(self) -> PurePath:
+        return self.root / TRACKERS
 
 
 def at(run_dir: str | os.PathLike[str]) -> RunDir:

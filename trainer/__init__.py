@@ -3,5 +3,5 @@
 `commands.py`, `autopilot.py`, `alerts.py`, `distributed.py`, `optim.py`, `memory.py`.
 
 The wings, each with its own rules (see its docstring): `data/` (no mlx), `model/`,
-`checkpoint/`, `launch/` (no mlx.core).
+`checkpoint/`, `launch/` (no mlx.core), `sweep/` (`fleet sweep`, no mlx).
 """

@@ -113,6 +113,12 @@ def open_run(
         **({"factor": factor} if slowed else {}),
     )
     commands = CommandQueue()
+    reporter = open_telemetry(cfg, cluster, commands, split, say, explicit)
+    if cfg.report_to and cluster.is_root:  # once per run, not once per rank
+        from telemetry.trackers import TrackerReporter
+
+        project, config = cfg.project_name, cfg.to_dict()
+        reporter = TrackerReporter.open(reporter, cfg.report_to, project, run_dir, config)
     run = Run(
         cfg=cfg,
         cluster=cluster,
@@ -123,7 +129,7 @@ def open_run(
         data=data,
         identity=identity,
         banner=banner(cfg, model, data, world, split, applied),
-        reporter=open_telemetry(cfg, cluster, commands, split, say, explicit),
+        reporter=reporter,
         commands=commands,
         saved_at=state.step if resume is not None else None,
     )

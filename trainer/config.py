@@ -179,6 +179,13 @@ class TrainConfig:
         False, "also serve telemetry on a Unix socket in the run folder"
     )
     log_every: int = _f(1, "print the progress line every N updates")
+    report_to: str = _f(
+        "",
+        "trackers rank 0 logs the run to, once per run: wandb, trackio, swanlab, tensorboard, "
+        "comma-separated (each its own extra); mlx-lm's keys, plus each update's compute, "
+        "wait and split",
+    )
+    project_name: str = _f("", "the trackers' project (default: mlx-fleet)")
 
     # Keys that describe the run's math; a resume must agree on these (see checkpoint.py).
     def to_dict(self) -> dict[str, Any]:
@@ -300,6 +307,12 @@ class TrainConfig:
                 raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
         if self.log_every < 1:
             raise ConfigError("--log-every must be at least 1")
+        from telemetry.trackers import TrackerError, check
+
+        try:
+            check(self.report_to)
+        except TrackerError as e:
+            raise ConfigError(str(e)) from None
 
 
 def parse_ints(text: str, name: str) -> list[int]:
@@ -395,6 +408,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "telemetry_remote",
         "telemetry_unix_socket",
         "log_every",
+        "report_to",
+        "project_name",
     ),
     "autopilot and alerts": (
         "autopilot",
