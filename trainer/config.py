@@ -28,6 +28,11 @@ class TrainConfig:
     # --- data and run folder
     data: str = _f("", "dataset folder written by `fleet prepare`")
     run_dir: str = _f("runs/default", "run folder: config, checkpoints, telemetry logs")
+    overwrite: bool = _f(
+        False,
+        "start a new run in a --run-dir that holds one: the old run is first moved aside to "
+        "RUN.old-<time> (nothing is deleted); without it a new run refuses such a folder",
+    )
     synthetic: bool = _f(False, "random tokens and fresh weights, for benchmarks (no --data)")
     seq_len: int = _f(0, "sequence length (0 = the dataset's; 256 with --synthetic)")
     seed: int = _f(0, "seed for weights, sample order and sampling")
@@ -346,6 +351,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "data and run folder": (
         "data",
         "run_dir",
+        "overwrite",
         "synthetic",
         "seq_len",
         "seed",

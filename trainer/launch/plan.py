@@ -202,6 +202,13 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     if backend == "mpi":
         check_mpirun(world)
     cfg = check_train_args(command[1:], world) if command[0] == "train" else None
+    if cfg is not None and not hosts and not cfg.resume and not cfg.overwrite:
+        # A new run on this machine: refused here, before any rank starts (with --hostfile,
+        # `fleet check` asks each host, and every rank refuses on its own as well).
+        from telemetry import rundir
+
+        if why := rundir.refusal(cfg.run_dir):
+            raise LaunchError(why)
     if args.restarts and cfg is None:
         raise LaunchError("--restarts needs a `train` command (it resumes from checkpoints)")
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
