@@ -264,7 +264,11 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
     if best := summary.get("best"):
         console.print(f"Best validation loss: {best['val_loss']:.4f} at update {best['step']}")
     for s in summary.get("stops", []):
-        console.print(f"Stopped at update {s['step']}: {escape(s['message'])}")
+        if s["reason"] == "early stop":  # its message says why, without the words again
+            console.print(f"Stopped early at update {s['step']}: {escape(s['message'])}")
+        else:  # "stopped by Ctrl-C (SIGINT)"
+            how = escape(s["message"].removeprefix("stopped "))
+            console.print(f"Stopped at update {s['step']} {how}")
     if summary["rebalances"]:
         moves = Table(title="Rebalances (medians before -> after)")
         for col in ("step", "from", "to", "update time", "change", "global tok/s", "change"):

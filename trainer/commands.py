@@ -40,9 +40,10 @@ def _autopilot(run: Run, action: Action) -> dict[str, Any]:
 
 
 def _stop(run: Run, action: Action) -> dict[str, Any]:
-    run.stopping = True
+    by = "a stop command" if action.reason == "command" else action.reason
+    run.stopping, run.stop_reason = True, f"by {by}"
     path = str(run.save() or "")
-    run.event("stopped", f"stopped by {action.reason}", checkpoint=path, reason=action.reason)
+    run.event("stopped", f"stopped by {by}", checkpoint=path, reason=action.reason)
     return {"path": path}
 
 

@@ -89,7 +89,9 @@ class Controller:
         asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
         if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
             rank, signum = asked[0]
-            name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"
+            name, payload, reason = "stop", [], signal_words(signum)
+            if len(asked) < self.cluster.size:  # not every rank (not `fleet launch`): which
+                reason += f" on rank {rank}"
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
@@ -140,6 +142,15 @@ def _payload(p: PendingCommand) -> list[int]:
     if p.cmd == "autopilot":
         return [int(bool(p.args.get("on")))]
     return []
+
+
+def signal_words(signum: int) -> str:
+    """A stopping signal as the person who sent it knows it (Ctrl-C, not SIGINT)."""
+    name = signal.Signals(signum).name
+    return {
+        "SIGINT": "Ctrl-C (SIGINT)",
+        "SIGHUP": "SIGHUP (the terminal or SSH session closed)",
+    }.get(name, name)
 
 
 @contextlib.contextmanager

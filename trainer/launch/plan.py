@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
+LAUNCH_ENV = "FLEET_LAUNCH"  # `fleet launch -n 3`: how ranks were started (their resume hint)
 
 
 class LaunchError(ValueError):
@@ -231,6 +233,8 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         mlx_argv.append("--verbose")
     threads = max(1, (os.cpu_count() or 1) // plan.world) if not plan.hostfile else None
     rank_env = [*args.env, *plan.env]
+    where = f"--hostfile {shlex.quote(plan.hostfile)}" if plan.hostfile else f"-n {plan.world}"
+    rank_env.append(f"{LAUNCH_ENV}=fleet launch {where}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
