@@ -30,8 +30,16 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             "--plot",
             metavar="FILE",
             default="",
-            help="with several runs, also draw their val-loss curves into FILE (.png or .svg; "
-            "needs matplotlib: the `plot` extra)",
+            help="also draw each run's validation loss and smoothed train loss into FILE "
+            "(.png or .svg; needs matplotlib: the `plot` extra); refused when no run has "
+            "anything to draw",
+        )
+        parser.add_argument(
+            "--x",
+            choices=("updates", "tokens"),  # telemetry.compare.AXES (imports pyarrow)
+            default="updates",
+            help="the curves' x axis: updates, or tokens seen (runs with different batches "
+            "compare per token, not per update) (default: %(default)s)",
         )
         return
     sub = parser.add_subparsers(dest="action", required=True, metavar="{tail,send}")
@@ -114,20 +122,24 @@ def _report(args: argparse.Namespace) -> int:
     from telemetry.report import render, summarize
 
     several = len(args.run_dirs) > 1
+    drawn = ""
     try:
         summary = compare.compare(args.run_dirs) if several else summarize(args.run_dirs[0])
         if args.plot:
-            curves = summary["curves"] if several else compare.compare(args.run_dirs)["curves"]
-            compare.plot(curves, args.plot)
+            drawn = compare.plot(
+                summary if several else compare.compare(args.run_dirs), args.plot, args.x
+            )
     except TelemetryError as e:
         _err(str(e))
         return 1
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif several:
+        compare.render(summary, x=args.x)
     else:
-        (compare.render if several else render)(summary)
-    if args.plot:
-        print(f"val-loss curves drawn in {args.plot}")
+        render(summary)
+    if drawn:
+        print(f"{args.plot}: drew {drawn}")
     return 0
 
 

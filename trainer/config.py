@@ -114,7 +114,9 @@ class TrainConfig:
         "loss (0 = never); a resume starts counting again",
     )
     early_stop_min_delta: float = _f(
-        0.0, "how much lower than the best a validation loss must be to count as a new best"
+        0.0,
+        "how much lower a validation loss must be than the last one that counted, to count as "
+        "progress for --early-stop-patience (`best` is always the lowest validation loss)",
     )
     prompt: str = _f("def ", "prompt for generated samples")
     sample_tokens: int = _f(64, "tokens to generate per sample")
