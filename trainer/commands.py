@@ -44,7 +44,7 @@ def _stop(run: Run, action: Action) -> dict[str, Any]:
     run.stopping, run.stop_reason = True, f"by {by}"
     path = str(run.save() or "")
     run.event("stopped", f"stopped by {by}", checkpoint=path, reason=action.reason)
-    return {"path": path}
+    return {"path": path, "resume": run.resume_command()}
 
 
 # One handler per command of the one command table; "none" and "keepalive" do nothing.
