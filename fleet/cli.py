@@ -9,7 +9,6 @@ subcommand is imported when that subcommand runs, which keeps `fleet console` fr
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from importlib import import_module
@@ -54,15 +53,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
+        from telemetry.typos import did_you_mean
+
+        print(
+            f"usage: fleet <command> [options]\nfleet: error: unknown command {name!r}"
+            f"{did_you_mean(name, SUBCOMMANDS, quote=True)}\n('fleet --help' lists them)",
+            file=sys.stderr,
+        )
         return 2
     if as_command and name in COMPUTE:
         # Imported here: `fleet` itself imports only its table, and the console never needs it.
         from trainer.blas import reexec_with_openblas
 
         reexec_with_openblas(argv)
+    from telemetry.typos import Parser  # a typo: one usage line and the nearest valid name
+
     module = import_module(SUBCOMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
+    parser = Parser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
     module.configure(name, parser)
     args = parser.parse_args(rest)
     try:

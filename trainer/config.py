@@ -488,7 +488,11 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in FIELDS:
-            raise ConfigError(f"{where}: unknown key {key!r}")
+            from telemetry.typos import nearest
+
+            best = nearest(name, FIELDS)  # in the spelling the file uses
+            hint = f" (did you mean {(best.replace('_', '-') if '-' in key else best)!r}?)"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint if best else ''}")
         default = FIELDS[name].default
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")

@@ -73,6 +73,7 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
         raise LaunchError(f"hostfile {path} is not valid JSON: {e}") from None
     backend = ""
     if isinstance(data, dict):
+        _known_keys(data, HOSTFILE_KEYS, f"hostfile {path}")
         backend = data.get("backend", "") or ""
         if "hosts" not in data:
             raise LaunchError(f"hostfile {path}: an object needs a `hosts` list")
@@ -80,6 +81,8 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     if not isinstance(data, list) or not data:
         raise LaunchError(f"hostfile {path}: expected a non-empty list of hosts")
     for i, h in enumerate(data):
+        if isinstance(h, dict):
+            _known_keys(h, HOST_KEYS, f"hostfile {path}: entry {i}")
         if not isinstance(h, dict) or not isinstance(h.get("ssh"), str) or not h["ssh"]:
             raise LaunchError(f"hostfile {path}: entry {i} needs an `ssh` host name, got {h!r}")
         ips = h.get("ips", [])
@@ -90,12 +93,29 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     return data, backend
 
 
+HOSTFILE_KEYS = ("hosts", "backend", "envs")  # mlx.launch's hostfile object, and each host's
+HOST_KEYS = ("ssh", "ips", "rdma")
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key mlx.launch would ignore silently (a typo of `ips` means no ips)."""
+    from telemetry.typos import did_you_mean
+
+    for key in obj:
+        if key not in known:
+            raise LaunchError(
+                f"{where}: unknown key {key!r}{did_you_mean(str(key), known, quote=True)}; "
+                f"the keys are {', '.join(known)}"
+            )
+
+
 def check_train_args(argv: list[str], world: int):
     """Parse the rank's `train` arguments here, so mistakes surface before any rank starts;
     returns the TrainConfig they give."""
+    from telemetry.typos import Parser  # a typo: one usage line and the nearest flag
     from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, from_args
 
-    parser = argparse.ArgumentParser(prog="fleet train", add_help=False)
+    parser = Parser(prog="fleet train", add_help=False)
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
