@@ -238,8 +238,11 @@ def sample_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="text to continue; '' starts a new document (default: the run's --prompt)",
     )
+    # mlx-lm's names too (mlx_lm.generate --max-tokens --temp): one habit serves both tools
     parser.add_argument(
         "--tokens",
+        "--max-tokens",
+        dest="tokens",
         type=int,
         default=200,
         metavar="N",
@@ -247,6 +250,8 @@ def sample_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--temperature",
+        "--temp",
+        dest="temperature",
         type=float,
         default=0.8,
         metavar="T",
