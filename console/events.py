@@ -164,7 +164,8 @@ def reply_line(r: Reply, what: str) -> tuple[str, str]:
     if r.ok:
         step = (r.result or {}).get("step")
         at = f" at update {step}" if step is not None else ""
-        return "good", f"✓ {what}: applied{at}"
+        resume = (r.result or {}).get("resume")  # a stop says how the run goes on
+        return "good", f"✓ {what}: applied{at}" + (f"; to go on: {resume}" if resume else "")
     return "error", f"✗ {what}: refused: {r.error or 'no reason given'}"
 
 

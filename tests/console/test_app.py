@@ -541,3 +541,13 @@ def test_a_multi_line_message_is_one_log_line_and_the_autopilot_measures():
         "autopilot measured its rebalance to 2,2: the slowest rank's compute went "
         "300 → 200 ms (-33%)"
     )
+
+
+def test_a_stop_reply_says_how_the_run_goes_on():
+    """Issue 18, defect 11: every stop, `s` too, prints the command that continues the run."""
+    from console.events import reply_line
+    from telemetry.records import Reply
+
+    cmd = "fleet launch -n 4 -- train --resume latest --run-dir runs/x"
+    reply = Reply(id=3, ok=True, result={"step": 40, "path": "p", "resume": cmd})
+    assert reply_line(reply, "stop") == ("good", f"✓ stop: applied at update 40; to go on: {cmd}")
