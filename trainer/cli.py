@@ -75,6 +75,7 @@ def train_command(args: argparse.Namespace) -> int:
     from trainer.data.dataset import DatasetError
     from trainer.data.tokenizer import TokenizerError
     from trainer.distributed import Cluster, WrongGroup
+    from trainer.launch.restart import restart_record
     from trainer.train import train as loop
 
     try:
@@ -125,7 +126,10 @@ def train_command(args: argparse.Namespace) -> int:
                 "--overwrite starts a new run, --resume continues the one in --run-dir: "
                 "give one of them"
             )
-        if not which and (why := claim_run_folder(cfg.run_dir, cfg.overwrite, cluster, who)):
+        # A new run takes a folder without a run in it; a relaunch by `fleet launch
+        # --restarts` that had nothing to resume from goes on in its own folder.
+        fresh = not which and restart_record() is None
+        if fresh and (why := claim_run_folder(cfg.run_dir, cfg.overwrite, cluster, who)):
             if why.text:  # one rank speaks for the ranks that share its folder
                 print(f"{who}: error: {why.text}", file=sys.stderr, flush=True)
             return 2

@@ -103,6 +103,23 @@ def test_a_resume_goes_on_and_refuses_overwrite(tiny_data, tmp_path):
     assert both.returncode == 2 and "give one of them" in both.stderr
 
 
+def test_a_relaunch_with_nothing_to_resume_goes_on_in_its_folder(tiny_data, tmp_path):
+    """`fleet launch --restarts` relaunches without --resume when nothing was saved yet: the
+    folder holds its own failed attempt (config.json, logs), which is no other run."""
+    import subprocess
+
+    from tests.support.fleet import fleet_env
+
+    run = tmp_path / "run1"
+    train(tiny_data, run, "--updates", "2")
+    argv = [sys.executable, "-m", "fleet.cli", "train", "--data", str(tiny_data)]
+    argv += ["--run-dir", str(run), *TINY, "--telemetry-port-base", "0", "--updates", "2"]
+    env = fleet_env(FLEET_RESTART='{"attempt": 1, "reason": "rank 1 was killed"}')
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["run1"]
+
+
 def test_aside_names_never_clash(tmp_path):
     run = tmp_path / "run"
     now = time.mktime((2026, 12, 1, 14, 30, 0, 0, 0, -1))
