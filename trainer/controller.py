@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from telemetry.split import problems
 from telemetry.units import MiB
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
+from trainer.launch.plan import LAUNCH_ENV
 
 KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
 
@@ -90,7 +92,9 @@ class Controller:
         if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
             rank, signum = asked[0]
             name, payload, reason = "stop", [], signal_words(signum)
-            if len(asked) < self.cluster.size:  # not every rank (not `fleet launch`): which
+            # `fleet launch` passes its signal to every rank (some get it a boundary later):
+            # naming one of them would say nothing. A rank signalled on its own is named.
+            if len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV):
                 reason += f" on rank {rank}"
         if name == "pause":
             self.paused = True
