@@ -16,7 +16,7 @@ import time
 
 from bench.breakdown import breakdown, table
 from bench.update import make_update
-from telemetry.units import GiB
+from telemetry.units import GiB, size_text
 
 # The model flags every measured configuration passes to its worker (bench/cli.py's _model_args).
 MODEL_FLAGS = (
@@ -112,7 +112,7 @@ def measure(args: argparse.Namespace) -> dict:
         "update_s": median,
         "tokens_per_s": tokens / median,
         "flops_per_token": model.flops_per_token(),
-        "device": str(mx.default_device()),
+        "device": "gpu" if mx.default_device().type == mx.gpu else "cpu",  # not "Device(cpu, 0)"
         "mlx": mx.__version__,
     }
 
@@ -186,8 +186,8 @@ def throughput(args: argparse.Namespace) -> int:
     mfu = f", MFU {100 * r['mfu']:.1f}% of {tflops:g} TFLOP/s bf16 dense" if peak else ""
     print(
         f"{r['tokens_per_s']:,.0f} tokens/s, update {r['update_s'] * 1000:.0f} ms, "
-        f"peak {r['peak_bytes'] / GiB:.2f} GiB ({r['params'] / 1e6:.1f}M params, "
-        f"{r['precision']}, {r['device']}){mfu}"
+        f"peak {size_text(r['peak_bytes'])} ({r['params'] / 1e6:.1f}M params, "
+        f"{r['precision']}, {r['device']}: {r['device_name']}){mfu}"
     )
     if r["memory"]:
         from rich.console import Console

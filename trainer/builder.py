@@ -141,7 +141,10 @@ def open_run(
         cooldown=cfg.autopilot_cooldown,
         pause_on_pressure=cfg.on_memory_pressure == "pause",
     )
-    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.tell)
+    who = {"run_id": run_id_of(run_dir), "run_dir": str(run_dir.resolve()), "rank": rank}
+    run.alerts = Alerts(
+        cfg.alert_command, cfg.alert_every, run.tell, identity={**who, "host": socket.gethostname()}
+    )
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
         cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit

@@ -28,6 +28,11 @@ class TrainConfig:
     # --- data and run folder
     data: str = _f("", "dataset folder written by `fleet prepare`")
     run_dir: str = _f("runs/default", "run folder: config, checkpoints, telemetry logs")
+    overwrite: bool = _f(
+        False,
+        "start a new run in a --run-dir that holds one: the old run is first moved aside to "
+        "RUN.old-<time> (nothing is deleted); without it a new run refuses such a folder",
+    )
     synthetic: bool = _f(False, "random tokens and fresh weights, for benchmarks (no --data)")
     seq_len: int = _f(0, "sequence length (0 = the dataset's; 256 with --synthetic)")
     seed: int = _f(0, "seed for weights, sample order and sampling")
@@ -109,7 +114,9 @@ class TrainConfig:
         "loss (0 = never); a resume starts counting again",
     )
     early_stop_min_delta: float = _f(
-        0.0, "how much lower than the best a validation loss must be to count as a new best"
+        0.0,
+        "how much lower a validation loss must be than the last one that counted, to count as "
+        "progress for --early-stop-patience (`best` is always the lowest validation loss)",
     )
     prompt: str = _f("def ", "prompt for generated samples")
     sample_tokens: int = _f(64, "tokens to generate per sample")
@@ -359,6 +366,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "data and run folder": (
         "data",
         "run_dir",
+        "overwrite",
         "synthetic",
         "seq_len",
         "seed",
@@ -495,7 +503,11 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in FIELDS:
-            raise ConfigError(f"{where}: unknown key {key!r}")
+            from telemetry.typos import nearest
+
+            best = nearest(name, FIELDS)  # in the spelling the file uses
+            hint = f" (did you mean {(best.replace('_', '-') if '-' in key else best)!r}?)"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint if best else ''}")
         default = FIELDS[name].default
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from telemetry.split import problems
 from telemetry.units import MiB
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
+from trainer.launch.plan import LAUNCH_ENV
 
 KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
 
@@ -89,7 +91,11 @@ class Controller:
         asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
         if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
             rank, signum = asked[0]
-            name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"
+            name, payload, reason = "stop", [], signal_words(signum)
+            # `fleet launch` passes its signal to every rank (some get it a boundary later):
+            # naming one of them would say nothing. A rank signalled on its own is named.
+            if len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV):
+                reason += f" on rank {rank}"
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
@@ -140,6 +146,15 @@ def _payload(p: PendingCommand) -> list[int]:
     if p.cmd == "autopilot":
         return [int(bool(p.args.get("on")))]
     return []
+
+
+def signal_words(signum: int) -> str:
+    """A stopping signal as the person who sent it knows it (Ctrl-C, not SIGINT)."""
+    name = signal.Signals(signum).name
+    return {
+        "SIGINT": "Ctrl-C (SIGINT)",
+        "SIGHUP": "SIGHUP (the terminal or SSH session closed)",
+    }.get(name, name)
 
 
 @contextlib.contextmanager

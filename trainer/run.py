@@ -5,6 +5,8 @@ Building one is builder.py's; evaluating it is evaluation.py's."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,6 +28,7 @@ from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
+from trainer.launch.plan import LAUNCH_ENV
 from trainer.launch.restart import restart_record
 from trainer.model.gpt import GPT
 from trainer.state import LoopState
@@ -72,6 +75,7 @@ class Run:
     extra_peak: float = 0.0  # --simulate-peak-gb of this rank, in bytes
     measured: dict[str, float] = field(default_factory=dict)  # the last update, for rank 0
     stopping: bool = False  # a stop was applied at this boundary
+    stop_reason: str = ""  # what stopped it: "early stop", "Ctrl-C (SIGINT)", ...
     last_saved: Path | None = None
     saved_at: int | None = None  # the step of the newest checkpoint of this run
 
@@ -115,6 +119,15 @@ class Run:
             self.event(
                 "restarted", f"restart {restart.get('attempt')}: {restart.get('reason')}", **restart
             )
+
+    def resume_command(self) -> str:
+        """The exact command that continues this run from its newest checkpoint: printed by
+        every stop (Ctrl-C, `s`, --stop-at, early stop)."""
+        rank = f"train --resume latest --run-dir {shlex.quote(str(self.cfg.run_dir))}"
+        launch = os.environ.get(LAUNCH_ENV, "")  # `fleet launch -n 3`, from the launcher
+        if not launch and self.cluster.size > 1:
+            launch = f"fleet launch -n {self.cluster.size}"
+        return f"{launch} -- {rank}" if launch else f"fleet {rank}"
 
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and

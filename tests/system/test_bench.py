@@ -88,3 +88,13 @@ def test_grad_checkpoint_keeps_fewer_activations():
 def test_cuda_graphs_setting_reaches_the_measuring_process():
     r = _throughput("--cuda-graphs", "off", "--no-breakdown")
     assert r["cuda_graphs"]["MLX_USE_CUDA_GRAPHS"] == "0" and r["memory"] is None
+
+
+def test_throughput_says_the_device_in_words():
+    """Issue 18, defect 14: `bench throughput` printed `Device(cpu, 0)`."""
+    proc = run_fleet(
+        *("bench", "throughput", *TINY, "--local-batch", "2", "--updates", "1", "--warmup", "1"),
+        "--no-breakdown",
+    )
+    assert "Device(" not in proc.stdout and ", cpu: " in proc.stdout
+    assert " MiB (" in proc.stdout  # a small peak reads in MiB, not "0.00 GiB"

@@ -109,7 +109,7 @@ def test_report_names_the_straggler_and_shows_the_rebalance(tmp_path):
     assert s["loss"]["first"]["step"] == 1 and s["loss"]["last"]["step"] == 60
     assert s["loss"]["min"]["loss"] <= s["loss"]["last"]["loss"] < s["loss"]["first"]["loss"]
     assert [e["step"] for e in s["evals"]] == [20, 40, 60]
-    assert s["events"]["rebalanced"] == 3  # one per rank, reported once
+    assert s["events"]["rebalanced"] == 1  # one rebalance of 3 ranks, counted once
 
     out = io.StringIO()
     render(s, Console(file=out, width=140))
@@ -135,6 +135,35 @@ def test_report_cli_json_and_errors(tmp_path, capsys):
     assert "no telemetry logs" in capsys.readouterr().err
     with pytest.raises(TelemetryError, match="no such run folder"):
         summarize(tmp_path / "missing")
+
+
+def test_report_reads_as_a_person_would_count_and_measure(tmp_path):
+    """Issue 18, defect 12: piped output was cut at 80 columns ("updat…"), 12 MiB read
+    "0.01 GiB", and one pause of 4 ranks was counted "paused 4"."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from tests.support.fleet import fleet_env
+
+    for rank in range(4):
+        log = ArrowLog(tmp_path, rank)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        rows = [dataclasses.replace(synthetic.update(s, rank), peak_mem=12 << 20) for s in (1, 2)]
+        log.write([*rows, Event("paused", rank, 2, "paused at update 2")])
+        log.write([Event("resumed", rank, 2, "resumed at update 2")])
+        log.close()
+    piped = subprocess.run(  # stdout is a pipe, as in `fleet report RUN | less`
+        [sys.executable, "-m", "fleet.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in fleet_env().items() if k != "COLUMNS"},
+        timeout=60,
+    )
+    text = piped.stdout
+    assert "…" not in text and "updates" in text and "transfer" in text
+    assert "12 MiB" in text and "0.01 GiB" not in text
+    assert "Events: paused 1, resumed 1" in text
 
 
 def test_report_into_a_closed_pipe_exits_quietly(tmp_path):

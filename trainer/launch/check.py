@@ -48,6 +48,11 @@ where = os.path.abspath(run)
 while not os.path.isdir(where):
     where = os.path.dirname(where)
 out["disk_free"] = shutil.disk_usage(where).free
+try:  # what of a run the run folder holds (a new run refuses it)
+    from telemetry.rundir import held
+    out["run_held"] = held(run)
+except ImportError:  # an mlx-fleet there from before rundir.held: its config.json tells
+    out["run_held"] = ["config.json"] if os.path.isfile(os.path.join(run, "config.json")) else []
 try:
     import psutil
     out["mem_available"] = psutil.virtual_memory().available
@@ -327,6 +332,12 @@ def run_check(
             report.problems.append(str(e))
         reports.append(report)
     compare(reports, here, need_disk, need_mem)
+    if cfg is not None and not cfg.resume and not cfg.overwrite:
+        from telemetry.rundir import refusal
+
+        for r in reports:
+            if r.facts.get("run_held"):
+                r.problems.append(refusal(run_dir, r.facts["run_held"]))
     problems = [f"{r.name}: {p}" for r in reports for p in r.problems]
     group: dict = {}
     warnings: list[str] = []

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
+LAUNCH_ENV = "FLEET_LAUNCH"  # `fleet launch -n 3`: how ranks were started (their resume hint)
 
 
 class LaunchError(ValueError):
@@ -71,6 +73,7 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
         raise LaunchError(f"hostfile {path} is not valid JSON: {e}") from None
     backend = ""
     if isinstance(data, dict):
+        _known_keys(data, HOSTFILE_KEYS, f"hostfile {path}")
         backend = data.get("backend", "") or ""
         if "hosts" not in data:
             raise LaunchError(f"hostfile {path}: an object needs a `hosts` list")
@@ -78,6 +81,8 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     if not isinstance(data, list) or not data:
         raise LaunchError(f"hostfile {path}: expected a non-empty list of hosts")
     for i, h in enumerate(data):
+        if isinstance(h, dict):
+            _known_keys(h, HOST_KEYS, f"hostfile {path}: entry {i}")
         if not isinstance(h, dict) or not isinstance(h.get("ssh"), str) or not h["ssh"]:
             raise LaunchError(f"hostfile {path}: entry {i} needs an `ssh` host name, got {h!r}")
         ips = h.get("ips", [])
@@ -88,12 +93,29 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     return data, backend
 
 
+HOSTFILE_KEYS = ("hosts", "backend", "envs")  # mlx.launch's hostfile object, and each host's
+HOST_KEYS = ("ssh", "ips", "rdma")
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key mlx.launch would ignore silently (a typo of `ips` means no ips)."""
+    from telemetry.typos import did_you_mean
+
+    for key in obj:
+        if key not in known:
+            raise LaunchError(
+                f"{where}: unknown key {key!r}{did_you_mean(str(key), known, quote=True)}; "
+                f"the keys are {', '.join(known)}"
+            )
+
+
 def check_train_args(argv: list[str], world: int):
     """Parse the rank's `train` arguments here, so mistakes surface before any rank starts;
     returns the TrainConfig they give."""
+    from telemetry.typos import Parser  # a typo: one usage line and the nearest flag
     from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, from_args
 
-    parser = argparse.ArgumentParser(prog="fleet train", add_help=False)
+    parser = Parser(prog="fleet train", add_help=False)
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
@@ -202,6 +224,13 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     if backend == "mpi":
         check_mpirun(world)
     cfg = check_train_args(command[1:], world) if command[0] == "train" else None
+    if cfg is not None and not hosts and not cfg.resume and not cfg.overwrite:
+        # A new run on this machine: refused here, before any rank starts (with --hostfile,
+        # `fleet check` asks each host, and every rank refuses on its own as well).
+        from telemetry import rundir
+
+        if why := rundir.refusal(cfg.run_dir):
+            raise LaunchError(why)
     if args.restarts and cfg is None:
         raise LaunchError("--restarts needs a `train` command (it resumes from checkpoints)")
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
@@ -224,6 +253,8 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         mlx_argv.append("--verbose")
     threads = max(1, (os.cpu_count() or 1) // plan.world) if not plan.hostfile else None
     rank_env = [*args.env, *plan.env]
+    where = f"--hostfile {shlex.quote(plan.hostfile)}" if plan.hostfile else f"-n {plan.world}"
+    rank_env.append(f"{LAUNCH_ENV}=fleet launch {where}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):

@@ -105,6 +105,8 @@ def shrunk_split(split: list[int], keep: list[int], run_dir: str | Path | None) 
 
 # Flags of `fleet train` a relaunch replaces (with their value), and their one-token forms.
 _REPLACED = ("--resume", "--local-batches", "--local-batch")
+# Flags without a value it drops: a relaunch continues its own run folder, never moves it.
+_DROPPED = ("--overwrite", "--no-overwrite")
 
 
 def relaunch_command(command: list[str], run_dir: str | Path, split: list[int]) -> list[str]:
@@ -114,6 +116,8 @@ def relaunch_command(command: list[str], run_dir: str | Path, split: list[int]) 
     for arg in command:
         if skip:
             skip = False
+            continue
+        if arg in _DROPPED:
             continue
         if arg in _REPLACED:
             skip = True

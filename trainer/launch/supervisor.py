@@ -82,7 +82,7 @@ class Supervisor:
             print(f"fleet launch: {name} again: ending every rank now", file=sys.stderr, flush=True)
             return
         self.signalled = name
-        n = self.tree.signal_ranks(signal.SIGTERM)
+        n = self.tree.signal_ranks(signum)  # the same signal: a Ctrl-C is reported as one
         self.deadline = time.monotonic() + self.grace
         print(
             f"fleet launch: {name}: asked {n} rank process(es) to stop at the next update "
