@@ -51,7 +51,7 @@ def main() -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
     log = ArrowLog(a.run_dir, 0, interval=0.05).start()
-    planned = a.updates - 1  # the sweep asks for one more than the budget
+    planned = a.updates  # the budget: the trainer evaluates the final model at the end
     try:
         log.put(Event("started", 0, 0, "fake trial"))
         for step in range(a.updates):
@@ -75,6 +75,8 @@ def main() -> int:
                 log.put(Event("error", 0, step + 1, f"loss is nan at update {step + 1}; stopping"))
                 return 5
             time.sleep(delay)
+        v = val_loss(a.lr, a.weight_decay, a.updates, planned, a.seed)  # the final evaluation
+        log.put(Event("eval", 0, a.updates, "", {"val_loss": v, "val_tokens": 100}))
         return 0
     finally:
         log.close()

@@ -17,9 +17,8 @@ from trainer.data.dataset_format import DatasetError, read_meta
 class TrialPlan:
     """A trial's schedule: `evals` evaluations, the last one after `updates` updates.
 
-    The trainer evaluates before an update, so the trial is run for `updates + 1` updates
-    (the schedule stretched by one update, the same for every trial): the last evaluation
-    then measures the model after exactly the budget."""
+    The trainer evaluates every `eval_every` updates and the final model at the end, so the
+    last evaluation measures the model after exactly the budget."""
 
     updates: int
     eval_every: int
@@ -85,7 +84,7 @@ def train_args(spec, params: dict[str, Any], run_dir: Path, seed: int, resume: b
         **spec.train,
         **params,
         "seed": seed,
-        "updates": plan.updates + 1,
+        "updates": plan.updates,
         "eval_every": plan.eval_every,
         "run_dir": str(run_dir),
     }
