@@ -44,6 +44,8 @@ def backend_from_env(env: Mapping[str, str] | None = None) -> str:
     an NCCL rank where MPI is also installed, could join the wrong (or a one-rank) group.
     """
     env = os.environ if env is None else env
+    if one_rank_launch(env):
+        return "any"  # a group of one: nothing to join
     if env.get("FLEET_BACKEND"):
         return env["FLEET_BACKEND"]
     if "MLX_IBV_DEVICES" in env or "MLX_JACCL_COORDINATOR" in env:
@@ -58,6 +60,18 @@ def backend_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def one_rank_launch(env: Mapping[str, str]) -> bool:
+    """Whether mlx.launch started this rank alone (`-n 1`): it then names a hostfile that holds
+    nothing, which the ring backend would fail to parse."""
+    path = env.get("MLX_HOSTFILE")
+    if not path or env.get("MLX_WORLD_SIZE", "1") != "1":
+        return False
+    try:
+        return not open(path).read(64).strip()
+    except OSError:
+        return False
 
 
 def expected_world(env: Mapping[str, str] | None = None) -> int | None:
@@ -77,6 +91,8 @@ class Cluster:
     def __init__(self, group: mx.distributed.Group | None = None) -> None:
         if group is None:
             self.backend = backend_from_env()
+            if one_rank_launch(os.environ):
+                os.environ.pop("MLX_HOSTFILE")  # so that no backend tries to read it
             group = mx.distributed.init(backend=self.backend)
             expected = expected_world()
             if expected is not None and group.size() != expected:
