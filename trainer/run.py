@@ -26,6 +26,7 @@ from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
+from trainer.launch import lifeline
 from trainer.launch.restart import restart_record
 from trainer.model.gpt import GPT
 from trainer.state import LoopState
@@ -128,6 +129,7 @@ class Run:
             pilot=self.pilot if self.cluster.is_root else None,
             limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
+            watch=lifeline.Watch.from_env(),  # started by fleet launch: it may stop us
         )
 
     def fail(self, message: str, code: int, alert: str = "lost") -> int:

@@ -291,6 +291,15 @@ def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
     raise CheckpointError(f"no complete checkpoint in {root(run_dir)} to resume ({detail})")
 
 
+def newest_verified(run_dir: str | Path) -> Path | None:
+    """The checkpoint saved last that verifies and whose replicas agreed, found without
+    moving anything (no adoption): what advice names ("resume from ...")."""
+    for path in sorted(complete(run_dir), key=_recency, reverse=True):
+        if _usable(path)[0] is not None:
+            return path
+    return None
+
+
 def _usable(path: Path) -> tuple[dict | None, str]:
     """(manifest, "") for a checkpoint a resume may take, else (None, why not)."""
     try:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.launch import lifeline
+
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
 
 
@@ -207,8 +209,15 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
 
 
-def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
-    """The command line of mlx.launch for one attempt of `plan`."""
+def watched(plan: Plan) -> bool:
+    """Whether the ranks of `plan` read the lifeline: `train` ranks that mlx.launch starts
+    itself (under mpirun only rank 0 would get its input)."""
+    return plan.command[:1] == ["train"] and plan.backend != "mpi"
+
+
+def mlx_launch_argv(args: argparse.Namespace, plan: Plan, tether: bool = False) -> list[str]:
+    """The command line of mlx.launch for one attempt of `plan`. With `tether`, mlx.launch
+    holds fleet launch's lifeline (trainer/launch/lifeline.py) and `train` ranks watch it."""
     mlx_argv = [
         "--python",
         args.python,
@@ -224,6 +233,9 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         mlx_argv.append("--verbose")
     threads = max(1, (os.cpu_count() or 1) // plan.world) if not plan.hostfile else None
     rank_env = [*args.env, *plan.env]
+    if tether and watched(plan):
+        timeout = getattr(args, "lifeline_timeout", lifeline.TIMEOUT_S)
+        rank_env.append(f"{lifeline.ENV}={timeout:g}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
@@ -232,10 +244,13 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         rank_env.append(f"OPENBLAS_NUM_THREADS={threads}")
     for e in rank_env:
         mlx_argv += ["--env", e]
+    start = "from mlx._distributed_utils.launch import main; main()"
+    if tether:  # in mlx.launch's process, before it starts anything
+        start = f"from trainer.launch.lifeline import tether; tether(); {start}"
     return [
         sys.executable,
         "-c",
-        "from mlx._distributed_utils.launch import main; main()",
+        start,
         *mlx_argv,
         "--",
         "-m",
