@@ -5,5 +5,5 @@ from checkpoints (`restart.py`, `launcher.py`).
 
 It starts ranks but is none: it imports no `mlx.core` (a rank's side of the check is
 `trainer/probe.py`). May import `trainer.config`, `trainer.heartbeat`, `trainer.blas`,
-`trainer.checkpoint.catalog`, `trainer.model.config` and `telemetry`.
+`trainer.checkpoint.catalog`, `trainer.model.config`, `trainer.lock` and `telemetry`.
 """

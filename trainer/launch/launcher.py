@@ -16,11 +16,13 @@ import json
 import signal
 import sys
 import time
+import uuid
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from telemetry import balance, rundir
+from trainer import lock
 from trainer.blas import preload_env
 from trainer.launch import lifeline, restart
 from trainer.launch.plan import (
@@ -108,6 +110,11 @@ def main(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace, stops: Stops) -> int:
     try:
         plan = plan_launch(args)
+        if not plan.hosts and plan.run_dir and (holder := lock.owner(plan.run_dir)):
+            raise LaunchError(
+                f"run folder {plan.run_dir} is in use by {holder.describe()}; stop that run "
+                "first, or give another --run-dir"
+            )
     except LaunchError as e:
         print(f"fleet launch: error: {e}", file=sys.stderr)
         return 2
@@ -122,7 +129,7 @@ def _launch(args: argparse.Namespace, stops: Stops) -> int:
     restarts, last = 0, None
     while True:
         ssh_names = [h.get("ssh", "") for h in plan.hosts]
-        argv = mlx_launch_argv(args, plan, tether=True)
+        argv = mlx_launch_argv(args, plan, tether=True, launch_id=uuid.uuid4().hex[:12])
         sup = Supervisor(
             argv,
             preload_env(),

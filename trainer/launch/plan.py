@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.launch import lifeline
+from trainer.lock import LAUNCH_ID_ENV
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
 
@@ -215,9 +216,12 @@ def watched(plan: Plan) -> bool:
     return plan.command[:1] == ["train"] and plan.backend != "mpi"
 
 
-def mlx_launch_argv(args: argparse.Namespace, plan: Plan, tether: bool = False) -> list[str]:
+def mlx_launch_argv(
+    args: argparse.Namespace, plan: Plan, tether: bool = False, launch_id: str = ""
+) -> list[str]:
     """The command line of mlx.launch for one attempt of `plan`. With `tether`, mlx.launch
-    holds fleet launch's lifeline (trainer/launch/lifeline.py) and `train` ranks watch it."""
+    holds fleet launch's lifeline (trainer/launch/lifeline.py) and `train` ranks watch it;
+    `launch_id` names the attempt's ranks as one run (the run folder's lock)."""
     mlx_argv = [
         "--python",
         args.python,
@@ -236,6 +240,8 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan, tether: bool = False) 
     if tether and watched(plan):
         timeout = getattr(args, "lifeline_timeout", lifeline.TIMEOUT_S)
         rank_env.append(f"{lifeline.ENV}={timeout:g}")
+    if launch_id:
+        rank_env.append(f"{LAUNCH_ID_ENV}={launch_id}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
