@@ -28,6 +28,7 @@ No mlx here: fleet launch imports this module, and so does the rank.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -123,12 +124,36 @@ def tether() -> None:
     signal_ranks = os.environ.get(SIGNAL_ENV) == "1"
     for name in (GRACE_ENV, SIGNAL_ENV):  # the ranks need neither
         os.environ.pop(name, None)
+    with contextlib.suppress(Exception):  # mlx.launch's internals: best effort
+        # (imported by name: this runs inside mlx.launch, which imports mlx anyway; fleet
+        # launch itself never does)
+        _unecho(importlib.import_module("mlx._distributed_utils.launch").RemoteProcess)
     threading.Thread(
         target=_relay,
         args=(upstream, write_end, grace, signal_ranks),
         name="fleet-tether",
         daemon=True,
     ).start()
+
+
+def _unecho(remote: type) -> None:
+    """Leave out lifeline lines that a remote terminal echoed before the rank's script turned
+    echo off (`ssh -tt`: lines that arrive during login are echoed back). mlx.launch takes a
+    remote rank's first line of output for its pid file, so an echo there would also cost
+    it the way to end that rank."""
+    original = remote.preprocess_output
+
+    def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
+        if is_stdout and getattr(self, "_pidfile", "") is None:
+            lines = data.splitlines(keepends=True)
+            while lines and lines[0].startswith(PREFIX.decode()):
+                lines.pop(0)
+            data = "".join(lines)
+            if not data:
+                return ""
+        return original(self, data, is_stdout)
+
+    remote.preprocess_output = preprocess_output
 
 
 def _relay(upstream: int, downstream: int, grace: float, signal_ranks: bool) -> None:
