@@ -138,7 +138,12 @@ def open_run(
     run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.tell)
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
-        cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
+        cfg.collective_timeout,
+        rank,
+        on_expire=run.on_fatal,
+        beat=run.beat,
+        diagnose=run.culprit,
+        world=world,
     )
     if cluster.is_root:  # beats of ranks a larger fleet left behind would name ghosts
         for r in range(world, world + 64):

@@ -231,8 +231,9 @@ class Watchdog:
         on_expire: Callable[[str], None] | None = None,
         beat: Callable[[str, float], None] | None = None,
         diagnose: Callable[[], str] | None = None,
+        world: int = 0,
     ) -> None:
-        self.timeout, self.rank = timeout, rank
+        self.timeout, self.rank, self.world = timeout, rank, world
         self.stage, self.since, self.since_wall = "starting", time.monotonic(), time.time()
         self._stop = threading.Event()
         self._on_expire, self._beat, self._diagnose = on_expire, beat, diagnose
@@ -252,6 +253,11 @@ class Watchdog:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
+    def _suspect(self) -> str:
+        if self.world == 1:  # no peer to wait for: this process itself is stuck
+            return "this rank itself is stuck (a blocked file, a hung disk or device?)"
+        return "a peer rank has probably stalled or died"
+
     def _run(self) -> None:
         period = min(1.0, self.timeout / 4) if self.timeout > 0 else 1.0
         while not self._stop.wait(period):
@@ -267,7 +273,7 @@ class Watchdog:
                 msg = (
                     f"fleet train: rank {self.rank}: no progress for {idle:.0f}s in stage "
                     f"'{self.stage}' (--collective-timeout {self.timeout:g}); "
-                    + (f"{who}. " if who else "a peer rank has probably stalled or died. ")
+                    + (f"{who}. " if who else f"{self._suspect()}. ")
                     + "Exiting."
                 )
                 print(msg, file=sys.stderr, flush=True)

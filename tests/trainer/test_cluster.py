@@ -94,3 +94,16 @@ def test_launch_with_mpi_says_what_this_mpirun_cannot_do(tmp_path):
     elif m:
         assert "needs Open MPI 5" in proc.stderr and "MLX_MPI_LIBNAME=" in proc.stderr
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+@pytest.mark.parametrize("world, blamed", [(1, "this rank itself is stuck"), (2, "a peer rank")])
+def test_the_watchdog_blames_a_peer_only_when_there_is_one(world, blamed):
+    code = (
+        "import time; from trainer.distributed import Watchdog; "
+        f"Watchdog(0.4, 0, world={world}).start(); time.sleep(30)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=fleet_env(), timeout=60
+    )
+    assert out.returncode == 3
+    assert blamed in out.stderr
