@@ -36,7 +36,9 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 LAUNCH_ID_ENV = "FLEET_LAUNCH_ID"  # set by fleet launch for every rank of one attempt
-_HELD: list[int] = []  # descriptors held until the process ends (the lock lives with them)
+# Locks held until the process ends (the lock lives with the descriptor): folder -> (fd, run
+# token, rank), so that a folder removed mid-run can be locked again (trainer/keeper.py).
+_HELD: dict[str, tuple[int, str, int]] = {}
 
 
 class RunInUse(ConfigError):
@@ -103,7 +105,7 @@ def claim(run_dir: str | os.PathLike[str], run: str, rank: int) -> str:
         blob = json.dumps(me.__dict__).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, blob, 0)
-    _HELD.append(fd)
+    _HELD[os.path.abspath(run_dir)] = (fd, run, rank)
     return ""
 
 
@@ -122,6 +124,26 @@ def hold(
         raise RunInUse(why)
     if refused:
         raise RunInUse(f"another rank found run folder {run_dir} in use (its message says by whom)")
+
+
+def intact(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether the lock this process holds on `run_dir` is still the folder's lock file
+    (False once the file, or the whole folder, was removed or replaced)."""
+    held = _HELD.get(os.path.abspath(run_dir))
+    if held is None:
+        return True  # held by another rank of this run, or never: nothing to check here
+    try:
+        mine, now = os.fstat(held[0]), os.stat(rundir.at(run_dir).lock)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+
+def retake(run_dir: str | os.PathLike[str]) -> str:
+    """Lock a folder again whose lock file went missing; "" or why it could not."""
+    fd, run, rank = _HELD.pop(os.path.abspath(run_dir))
+    os.close(fd)
+    return claim(run_dir, run, rank)
 
 
 def owner(run_dir: str | os.PathLike[str]) -> Owner | None:

@@ -228,5 +228,5 @@ def test_a_port_clash_names_its_rank_last_without_the_peers_noise(tiny_data, tmp
     last = err.strip().splitlines()[-1]
     assert last.startswith("fleet launch: rank 1 failed first"), err[-3000:]
     assert f"telemetry port {base + 1} on 127.0.0.1 is taken" in last
-    assert "nothing was saved yet" in last and "--resume" not in err  # nothing to resume
+    assert "Nothing was saved yet" in last and "--resume" not in err  # nothing to resume
     assert err.count("[ring]") <= 1 and "lost contact" not in err

@@ -42,6 +42,15 @@ class NoSpace(OSError):
     """The disk cannot hold the checkpoint: nothing of it is left behind."""
 
 
+class LatestNotMoved(OSError):
+    """The checkpoint `path` is saved and verified, but `latest` could not be pointed at it
+    (a full disk, a folder in its way): `resolve` still finds it, as the newest save."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path.name} is saved, but {LATEST} could not be moved to it ({why})")
+        self.path = path
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt or does not fit this run."""
 

@@ -259,7 +259,7 @@ class Supervisor:
             say(f"fleet launch: stopped on {self.signalled}: {how}")
             return 128 + getattr(signal, self.signalled).value
         if self.failures:
-            say(self._failure_line(stalled, ended) + self._resume_hint())
+            say(f"{self._failure_line(stalled, ended).rstrip('.')}. {self._resume_hint()}")
             return 1
         if code != 0:
             say(f"fleet launch: mlx.launch exited with code {code}")
@@ -290,15 +290,15 @@ class Supervisor:
         tail = f"; then rank(s) {others} stopped too" if others else ""
         if ended:
             tail += f"; the rest were still running {self.grace:g} s later and were ended"
-        return f"fleet launch: rank {rank} failed first ({how}){tail}. Its messages are above."
+        return f"fleet launch: rank {rank} failed first ({how}){tail}. Its messages are above"
 
     def _resume_hint(self) -> str:
         """Where to resume from, only when there is a verified checkpoint to resume."""
         if self.run_dir is None:
             return ""
-        from trainer.checkpoint import catalog
+        from trainer.checkpoint import catalog  # (imported here: fleet check needs none)
 
         path = catalog.newest_verified(self.run_dir)
         if path is None:
-            return "; nothing was saved yet: start again once it is fixed"
-        return f"; resume with --resume latest ({path.name}, verified)"
+            return "Nothing was saved yet: start again once it is fixed."
+        return f"Resume with --resume latest ({path.name}, verified)."
