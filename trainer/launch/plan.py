@@ -185,8 +185,30 @@ class Plan:
             return self.cfg.split(self.world)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """fleet launch's own numbers: finite, and not below what each can mean."""
+    import math
+
+    for name, low, strict in (
+        ("stop_grace", 0.0, False),
+        ("restart_backoff", 0.0, False),
+        ("lifeline_timeout", 0.0, True),
+        ("restarts", 0, False),
+    ):
+        value = getattr(args, name, None)
+        if value is None:
+            continue  # fleet check has none of these
+        flag = f"--{name.replace('_', '-')}"
+        if not math.isfinite(value):
+            raise LaunchError(f"{flag} must be a finite number, got {value}")
+        if value < low or (strict and value == low):
+            need = f"more than {low:g}" if strict else f"at least {low:g}"
+            raise LaunchError(f"{flag} must be {need}, got {value:g}")
+
+
 def plan_launch(args: argparse.Namespace) -> Plan:
     """Check everything that can be checked before any rank starts; LaunchError if not."""
+    check_flags(args)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
