@@ -270,3 +270,23 @@ def test_a_rank_whose_ssh_connection_goes_silent_stops_with_a_checkpoint(
     events = [e for e in read_events(run, 0) if e.kind == "stopped"]
     assert events and "a lost lifeline to fleet launch (rank 1)" in events[-1].message
     assert step == events[-1].step
+
+
+def test_relative_paths_are_checked_where_the_ranks_will_read_them(tmp_path, ssh_path, tiny_data):
+    # the ranks start in the launch's working directory (mlx.launch's script cds there), so
+    # `fleet check` must look there too, not in the ssh login's home (it refused this run)
+    shutil.copytree(tiny_data, tmp_path / "data")
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in ("mac-a", "mac-b")]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
+        *("--backend", "ring", "--starting-port", str(free_port(3)), "--"),
+        *("train", "--data", "data", "--run-dir", "run", "--local-batches", "2,1"),
+        *(*TINY, "--updates", "1"),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "dataset missing" not in out.stdout + out.stderr
+    assert catalog.resolve(tmp_path / "run", "latest")[0].name == "step-000001"
