@@ -148,9 +148,15 @@ class TrainConfig:
     )
     autopilot_min_gain: float = _f(0.05, "smallest predicted gain the autopilot acts on")
     autopilot_window: int = _f(
-        10, "updates the gain (and the same proposal) must hold before the autopilot acts"
+        10,
+        "recent updates the memory guard reads; a rank's cost per sample is read from up to "
+        "twice as many (at least 20) since it last changed",
     )
-    autopilot_cooldown: int = _f(20, "updates the autopilot waits after a change")
+    autopilot_cooldown: int = _f(
+        20,
+        "updates after a change in which the autopilot moves samples again only for twice "
+        "--autopilot-min-gain, unless a rank's speed changed since",
+    )
     on_memory_pressure: str = _f(
         "warn",
         "when no split relieves a rank under memory pressure: warn, or checkpoint and pause",
