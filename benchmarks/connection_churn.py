@@ -36,6 +36,12 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--every", type=int, default=5000)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--code",
+        default="",
+        help="a checkout whose fleet the rank runs (default: this one), e.g. an older commit "
+        "exported with git archive, for the figure before a change",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-churn-"))
     port = free_port(2)
@@ -49,7 +55,8 @@ def main() -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=fleet_env(),
+        env={**fleet_env(), "PYTHONPATH": args.code} if args.code else fleet_env(),
+        cwd=args.code or None,
     )
     proc = psutil.Process(rank.pid)
     try:
@@ -85,6 +92,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             rank.kill()
     out = {
+        "code": args.code or str(ROOT),
         "connections": args.connections,
         "concurrency": args.concurrency,
         "kinds": KINDS,
