@@ -3,6 +3,7 @@ the console read or write.
 
     RUN/
       config.json          the resolved config of the newest session (rank 0)
+      lock                 held by the run's ranks on this host: one writer (trainer/lock.py)
       control.key          the per-run HMAC key for control commands (mode 0600)
       checkpoints/         step-NNNNNN/ folders, `latest` and `best` (trainer/checkpoint)
       telemetry/           rank-N.arrow logs, rank-N.sock, ports.json (telemetry)
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 CONFIG = "config.json"
+LOCK = "lock"
 CONTROL_KEY = "control.key"
 CHECKPOINTS = "checkpoints"
 TELEMETRY = "telemetry"
@@ -42,6 +44,10 @@ class RunDir:
     @property
     def config(self) -> PurePath:
         return self.root / CONFIG
+
+    @property
+    def lock(self) -> PurePath:
+        return self.root / LOCK
 
     @property
     def control_key(self) -> PurePath:

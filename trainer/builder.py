@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ import mlx.core as mx
 import mlx.optimizers as optim
 import psutil
 
-from telemetry import auth, rundir
+from telemetry import rundir
 from telemetry.control import CommandQueue
 from telemetry.files import atomic_write
 from telemetry.hub import Hub, ServerOptions
@@ -27,6 +28,7 @@ from trainer.checkpoint import catalog, store
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.dataset import Dataset, SyntheticStream, TrainStream
 from trainer.distributed import Cluster, Watchdog
+from trainer.keeper import Keeper
 from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
@@ -35,6 +37,10 @@ from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
 
 SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
+
+
+def warn(message: str) -> None:
+    print(f"fleet train: warning: {message}", file=sys.stderr, flush=True)
 
 
 def open_run(
@@ -55,7 +61,10 @@ def open_run(
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
         resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
-        atomic_write(rundir.at(run_dir).config, resolved)
+        try:
+            atomic_write(rundir.at(run_dir).config, resolved)
+        except OSError as e:  # a full disk: the run goes on (each checkpoint has its own copy)
+            warn(f"could not write {rundir.at(run_dir).config} ({e.strerror or e}); going on")
 
     # --- device, memory limits, data, model and optimizer
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
@@ -113,7 +122,8 @@ def open_run(
         **({"factor": factor} if slowed else {}),
     )
     commands = CommandQueue()
-    reporter = open_telemetry(cfg, cluster, commands, split, say, explicit)
+    keeper = Keeper(run_dir, warn) if cluster.is_root else None  # the key, kept in memory
+    reporter = open_telemetry(cfg, cluster, commands, split, say, explicit, keeper)
     if cfg.report_to and cluster.is_root:  # once per run, not once per rank
         from telemetry.trackers import TrackerReporter
 
@@ -132,7 +142,11 @@ def open_run(
         reporter=reporter,
         commands=commands,
         saved_at=state.step if resume is not None else None,
+        last_saved=resume,  # a resumed run has a checkpoint to go back to from the start
+        keeper=keeper,
     )
+    if keeper is not None:
+        keeper.remember()
     run.pilot = Autopilot(
         world,
         enabled=cfg.autopilot,
@@ -147,7 +161,12 @@ def open_run(
     )
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
-        cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
+        cfg.collective_timeout,
+        rank,
+        on_expire=run.on_fatal,
+        beat=run.beat,
+        diagnose=run.culprit,
+        world=world,
     )
     if cluster.is_root:  # beats of ranks a larger fleet left behind would name ghosts
         for r in range(world, world + 64):
@@ -258,6 +277,7 @@ def open_telemetry(
     split: list[int],
     say: Callable[[str], None],
     explicit: frozenset[str] = frozenset(),
+    keeper: Keeper | None = None,
 ) -> Reporter:
     """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands.
 
@@ -295,7 +315,7 @@ def open_telemetry(
         port=port,
         unix_socket=cfg.telemetry_unix_socket,
         commands=commands if cluster.is_root else None,
-        key=auth.ensure_key(run_dir) if cluster.is_root else None,  # kept across resumes
+        key=keeper.control_key() if keeper is not None else None,  # kept across resumes
     )
     hub.start()
     if cluster.is_root:

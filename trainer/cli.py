@@ -70,6 +70,7 @@ def run(name: str, args: argparse.Namespace) -> int:
 def train_command(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
+    from trainer import lock
     from trainer.checkpoint import catalog
     from trainer.config import FIELDS, ConfigError, explicit, from_args
     from trainer.data.dataset import DatasetError
@@ -92,10 +93,12 @@ def train_command(args: argparse.Namespace) -> int:
     who = f"fleet train: rank {cluster.rank}" if cluster.size > 1 else "fleet train"
     try:
         given = explicit(args)
+        run_dir = given.get("run_dir") or FIELDS["run_dir"].default
+        # One writer per run folder per host, before anything in it is read or moved.
+        lock.hold(run_dir, cluster.rank, cluster.size, cluster.all_sum_floats)
         resume_path, base = None, None
         which = given.get("resume", "")
         if which:
-            run_dir = given.get("run_dir") or FIELDS["run_dir"].default
             resume_path, manifest, warnings = catalog.resolve(run_dir, which)
             for w in warnings:
                 print(f"{who}: warning: {w}", file=sys.stderr, flush=True)

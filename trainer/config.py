@@ -155,9 +155,15 @@ class TrainConfig:
     )
     autopilot_min_gain: float = _f(0.05, "smallest predicted gain the autopilot acts on")
     autopilot_window: int = _f(
-        10, "updates the gain (and the same proposal) must hold before the autopilot acts"
+        10,
+        "recent updates the memory guard reads; a rank's cost per sample is read from up to "
+        "twice as many (at least 20) since it last changed",
     )
-    autopilot_cooldown: int = _f(20, "updates the autopilot waits after a change")
+    autopilot_cooldown: int = _f(
+        20,
+        "updates after a change in which the autopilot moves samples again only for twice "
+        "--autopilot-min-gain, unless a rank's speed changed since",
+    )
     on_memory_pressure: str = _f(
         "warn",
         "when no split relieves a rank under memory pressure: warn, or checkpoint and pause",
@@ -210,13 +216,18 @@ class TrainConfig:
             split = parse_ints(self.local_batches, "local_batches")
             if len(split) != world_size:
                 raise ConfigError(
-                    f"--local-batches has {len(split)} values ({self.local_batches}) but the run "
-                    f"has {world_size} rank(s): give one per rank"
+                    f"--local-batches has {len(split)} values ({_short(self.local_batches)}) "
+                    f"but the run has {world_size} rank(s): give one per rank"
                 )
         else:
             split = [self.local_batch] * world_size
         if any(b < 1 for b in split):
-            raise ConfigError(f"every local batch must be at least 1, got {split}")
+            raise ConfigError(f"every local batch must be at least 1, got {_short(split)}")
+        if any(b > LIMITS["local_batch"] for b in split):
+            raise ConfigError(
+                f"--local-batches {_short(split)}: a local batch beyond any machine (at most "
+                f"{LIMITS['local_batch']})"
+            )
         return split
 
     def per_rank(self, name: str, world_size: int, rank: int) -> float | None:
@@ -224,7 +235,7 @@ class TrainConfig:
         raw = getattr(self, name)
         if raw in ("", None):
             return None
-        values = parse_floats(str(raw), name)
+        values = per_rank_values(name, raw)
         if len(values) == 1:
             return values[0]
         if len(values) != world_size:
@@ -267,6 +278,11 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"--{_flag(f.name)} must be a finite number, got {value}")
+        for name in PER_RANK_LOW:  # the values themselves; their count needs the world size
+            if getattr(self, name) not in ("", None):
+                per_rank_values(name, getattr(self, name))
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"--seed must be a whole number in [0, 2**32), got {self.seed}")
         for name, high in LIMITS.items():
             if getattr(self, name) > high:
                 raise ConfigError(
@@ -322,25 +338,54 @@ class TrainConfig:
             raise ConfigError(str(e)) from None
 
 
+def per_rank_values(name: str, raw: Any) -> list[float]:
+    """The values of a per-rank field, each finite and within its bound (PER_RANK_LOW)."""
+    values = parse_floats(str(raw), name)
+    low, inclusive = PER_RANK_LOW.get(name, (0.0, True))
+    for v in values:
+        if v < low or (v == low and not inclusive):
+            need = f"at least {low:g}" if inclusive else f"more than {low:g}"
+            raise ConfigError(f"--{_flag(name)}: every value must be {need}, got {v:g}")
+    return values
+
+
 def parse_ints(text: str, name: str) -> list[int]:
     try:
         return [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--{name.replace('_', '-')}: expected integers like 4,2,2, got {text!r}"
+            f"--{name.replace('_', '-')}: expected integers like 4,2,2, got {_short(text)}"
         ) from None
 
 
 def parse_floats(text: str, name: str) -> list[float]:
     try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
+        values = [float(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--{name.replace('_', '-')}: expected numbers like 16,4, got {text!r}"
+            f"--{name.replace('_', '-')}: expected numbers like 16,4, got {_short(text)}"
         ) from None
+    for v in values:
+        if not math.isfinite(v):
+            raise ConfigError(f"--{name.replace('_', '-')}: {v} is not a finite number")
+    return values
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """A bounded echo of what was given: an error line never grows with the input."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text):,} characters)"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+# Per-rank values (one, or one per rank) and the least each may be: (bound, inclusive).
+PER_RANK_LOW = {
+    "memory_limit_gb": (0.0, False),  # a limit of 0 GiB would stop the first allocation
+    "cache_limit_gb": (0.0, True),  # 0: no cache
+    "wired_limit_gb": (0.0, True),
+    "simulate_peak_gb": (0.0, True),
+}
 
 # Upper bounds no run reaches: a larger value is a typo (depth = 1e20), refused by name
 # instead of failing deep inside MLX.
@@ -490,11 +535,16 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (a TOML or JSON config is text)") from None
+    kind = "JSON" if path.suffix == ".json" else "TOML"
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        kind = "JSON" if path.suffix == ".json" else "TOML"
-        raise ConfigError(f"{path}: not valid {kind}: {e}") from None
+        raise ConfigError(f"{path}: not valid {kind}: {_short(e, 200)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nests too deeply to be a config") from None
+    if not isinstance(raw, dict):
+        what = type(raw).__name__
+        raise ConfigError(f"{path}: a config is a {kind} object of keys, got a {what}")
     return check_keys(raw, str(path))
 
 
@@ -507,10 +557,10 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
 
             best = nearest(name, FIELDS)  # in the spelling the file uses
             hint = f" (did you mean {(best.replace('_', '-') if '-' in key else best)!r}?)"
-            raise ConfigError(f"{where}: unknown key {key!r}{hint if best else ''}")
+            raise ConfigError(f"{where}: unknown key {_short(repr(key))}{hint if best else ''}")
         default = FIELDS[name].default
         if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be true or false, got {_short(repr(value))}")
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if (
@@ -520,10 +570,13 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
         ):  # per-rank lists may be written as TOML arrays
             value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         if type(value) is not type(default):
-            raise ConfigError(f"{where}: {key} must be {type(default).__name__}, got {value!r}")
+            kind = type(default).__name__
+            raise ConfigError(f"{where}: {key} must be {kind}, got {_short(repr(value))}")
         choices = FIELDS[name].metadata.get("choices")
         if choices and value not in choices:
-            raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}, got {value!r}")
+            raise ConfigError(
+                f"{where}: {key} must be one of {', '.join(choices)}, got {_short(repr(value))}"
+            )
         out[name] = value
     return out
 

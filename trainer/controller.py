@@ -14,6 +14,7 @@ from telemetry.split import problems
 from telemetry.units import MiB
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
+from trainer.launch import lifeline
 from trainer.launch.plan import LAUNCH_ENV
 
 KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
@@ -37,7 +38,8 @@ class Controller:
     boundary hands the chosen one to every rank, so all apply it at the same update. The
     same all-reduce carries what every rank measured in its last update (peak memory, so the
     memory caps a rebalance is checked against are refreshed at every boundary; compute time
-    and swap, for the autopilot) and any rank's request to stop (a signal it received)."""
+    and swap, for the autopilot) and any rank's request to stop (a signal it received, or
+    what its lifeline to fleet launch says: trainer/launch/lifeline.py)."""
 
     def __init__(
         self,
@@ -47,8 +49,10 @@ class Controller:
         pilot: Autopilot | None = None,
         limits: list[float | None] | None = None,
         on_event: Callable[[str, str, dict], None] | None = None,
+        watch: lifeline.Watch | None = None,
     ) -> None:
         self.cluster = cluster
+        self.watch = watch
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
         self.pilot = pilot  # rank 0's; observes every boundary that is not a keepalive
@@ -57,10 +61,21 @@ class Controller:
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
         self.stop_signal = 0  # a signal number once this rank was asked to stop
+        self._lost_said = False
 
     def request_stop(self, signum: int) -> None:
         """Ask every rank to stop at the next boundary (safe to call from a signal handler)."""
         self.stop_signal = signum
+
+    def _stop_code(self) -> int:
+        """This rank's stop request: a signal it got, else what its lifeline says (0: none)."""
+        if self.stop_signal or self.watch is None:
+            return self.stop_signal
+        code = self.watch.code()
+        if code == lifeline.LOST_CODE and not self._lost_said:
+            self._lost_said = True
+            lifeline.say_lost(self.watch, self.cluster.rank)
+        return code
 
     def exchange(
         self,
@@ -85,17 +100,18 @@ class Controller:
         if self.paused and name == "none":
             name = "keepalive"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
-        mine = (peak / MiB, float(self.stop_signal), compute_s * 1e6, swap / MiB, pressure * 1e3)
+        stop = float(self._stop_code())
+        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
-        asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
-        if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
-            rank, signum = asked[0]
-            name, payload, reason = "stop", [], signal_words(signum)
+        asked = [(r, int(round(f[1]))) for r, f in enumerate(every) if f[1]]
+        if asked and name in ("none", "keepalive"):  # a stop outranks nothing but a command
+            # fleet launch's own stop or its loss first: it speaks for every rank
+            rank, code = max(asked, key=lambda a: a[1])
             # `fleet launch` passes its signal to every rank (some get it a boundary later):
             # naming one of them would say nothing. A rank signalled on its own is named.
-            if len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV):
-                reason += f" on rank {rank}"
+            alone = len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV)
+            name, payload, reason = "stop", [], lifeline.describe(code, rank if alone else None)
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
@@ -146,15 +162,6 @@ def _payload(p: PendingCommand) -> list[int]:
     if p.cmd == "autopilot":
         return [int(bool(p.args.get("on")))]
     return []
-
-
-def signal_words(signum: int) -> str:
-    """A stopping signal as the person who sent it knows it (Ctrl-C, not SIGINT)."""
-    name = signal.Signals(signum).name
-    return {
-        "SIGINT": "Ctrl-C (SIGINT)",
-        "SIGHUP": "SIGHUP (the terminal or SSH session closed)",
-    }.get(name, name)
 
 
 @contextlib.contextmanager

@@ -230,6 +230,9 @@ class Cluster:
         return [bytes(r) for r in rows]
 
 
+MIN_BEAT_S = 0.05
+
+
 class Watchdog:
     """Ends the process when the loop makes no progress for `timeout` seconds, and beats.
 
@@ -247,10 +250,13 @@ class Watchdog:
         on_expire: Callable[[str], None] | None = None,
         beat: Callable[[str, float], None] | None = None,
         diagnose: Callable[[], str] | None = None,
+        world: int = 0,
     ) -> None:
-        self.timeout, self.rank = timeout, rank
+        self.timeout, self.rank, self.world = timeout, rank, world
         self.stage, self.since, self.since_wall = "starting", time.monotonic(), time.time()
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # an update finished: beat at once (the restart says
+        # which update a rank died after, and reads it from the beats)
         self._on_expire, self._beat, self._diagnose = on_expire, beat, diagnose
         self._thread = threading.Thread(target=self._run, name="fleet-watchdog", daemon=True)
 
@@ -262,15 +268,27 @@ class Watchdog:
     def progress(self, stage: str) -> None:
         """Mark that the loop is alive and entering `stage`."""
         self.stage, self.since, self.since_wall = stage, time.monotonic(), time.time()
+        if stage == "report":  # an update is done: its beat goes now, not up to 1 s later
+            self._nudge.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._nudge.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
+    def _suspect(self) -> str:
+        if self.world == 1:  # no peer to wait for: this process itself is stuck
+            return "this rank itself is stuck (a blocked file, a hung disk or device?)"
+        return "a peer rank has probably stalled or died"
+
     def _run(self) -> None:
         period = min(1.0, self.timeout / 4) if self.timeout > 0 else 1.0
-        while not self._stop.wait(period):
+        while True:
+            self._nudge.wait(period)
+            if self._stop.is_set():
+                return
+            self._nudge.clear()
             if self._beat is not None:
                 with contextlib.suppress(Exception):  # a full disk must not end the run here
                     self._beat(self.stage, self.since_wall)
@@ -283,7 +301,7 @@ class Watchdog:
                 msg = (
                     f"fleet train: rank {self.rank}: no progress for {idle:.0f}s in stage "
                     f"'{self.stage}' (--collective-timeout {self.timeout:g}); "
-                    + (f"{who}. " if who else "a peer rank has probably stalled or died. ")
+                    + (f"{who}. " if who else f"{self._suspect()}. ")
                     + "Exiting."
                 )
                 print(msg, file=sys.stderr, flush=True)
@@ -291,3 +309,5 @@ class Watchdog:
                     with contextlib.suppress(Exception):  # tell telemetry if it still can
                         self._on_expire(msg)
                 os._exit(3)
+            if self._stop.wait(MIN_BEAT_S):  # at most 20 beats a second, however fast it steps
+                return

@@ -5,6 +5,7 @@ Building one is builder.py's; evaluating it is evaluation.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -28,6 +29,8 @@ from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
+from trainer.keeper import Keeper
+from trainer.launch import lifeline
 from trainer.launch.plan import LAUNCH_ENV
 from trainer.launch.restart import restart_record
 from trainer.model.gpt import GPT
@@ -78,6 +81,7 @@ class Run:
     stop_reason: str = ""  # what stopped it: "early stop", "Ctrl-C (SIGINT)", ...
     last_saved: Path | None = None
     saved_at: int | None = None  # the step of the newest checkpoint of this run
+    keeper: Keeper | None = None  # rank 0's memory of the run folder's small files
 
     # --- samples of the global order: this rank's slice of each microbatch of the update
     def batches(self):
@@ -141,6 +145,7 @@ class Run:
             pilot=self.pilot if self.cluster.is_root else None,
             limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
+            watch=lifeline.Watch.from_env(),  # started by fleet launch: it may stop us
         )
 
     def fail(self, message: str, code: int, alert: str = "lost") -> int:
@@ -218,6 +223,9 @@ class Run:
             except catalog.NoSpace as e:
                 self.checkpoint_failed(str(e))
                 return None
+            except catalog.LatestNotMoved as e:  # saved and verified: only the hint is old
+                path = e.path
+                print(f"fleet train: warning: {e}; --resume latest still finds it", file=sys.stderr)
             self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
         self.last_saved, self.saved_at = path, step
         if not agree:
@@ -255,7 +263,12 @@ class Run:
 
     # --- signs of life for the peers and the launcher (trainer/heartbeat.py)
     def beat(self, stage: str, since: float) -> None:
-        heartbeat.write(self.cfg.run_dir, self.cluster.rank, stage, self.state.step, since)
+        """About once a second, from the watchdog thread: the beat, and (rank 0) what the run
+        folder should hold put back if it went missing. Neither may end the run."""
+        with contextlib.suppress(OSError):  # a full disk: advisory, tried again next second
+            heartbeat.write(self.cfg.run_dir, self.cluster.rank, stage, self.state.step, since)
+        if self.keeper is not None:
+            self.keeper.check()
 
     def culprit(self) -> str:
         """The peer that stopped making progress, from the beats in the run folder, or ""."""

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.support.fleet import run_fleet
-from tests.support.ranks import rank_pid, start, wait_for_updates
+from tests.support.ranks import rank_pid, run_processes, start, wait_for_updates
 from trainer import heartbeat
 from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
-
-
-def run_processes(run: Path) -> list[psutil.Process]:
-    """Every process on this machine that belongs to the run (its folder is in the command)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if str(run) in " ".join(p.info["cmdline"] or []) and p.status() != "zombie":
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

@@ -118,3 +118,16 @@ def test_fleet_launch_of_one_rank_trains(tmp_path):
         "--updates", "1", "--run-dir", str(tmp_path / "run"), "--telemetry-port-base", "0",
     )  # fmt: skip
     assert "done: 1 updates" in out.stdout
+
+
+@pytest.mark.parametrize("world, blamed", [(1, "this rank itself is stuck"), (2, "a peer rank")])
+def test_the_watchdog_blames_a_peer_only_when_there_is_one(world, blamed):
+    code = (
+        "import time; from trainer.distributed import Watchdog; "
+        f"Watchdog(0.4, 0, world={world}).start(); time.sleep(30)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=fleet_env(), timeout=60
+    )
+    assert out.returncode == 3
+    assert blamed in out.stderr

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.launch import lifeline
+from trainer.lock import LAUNCH_ID_ENV
+
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
 LAUNCH_ENV = "FLEET_LAUNCH"  # `fleet launch -n 3`: how ranks were started (their resume hint)
 
@@ -204,8 +207,30 @@ class Plan:
             return self.cfg.split(self.world)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """fleet launch's own numbers: finite, and not below what each can mean."""
+    import math
+
+    for name, low, strict in (
+        ("stop_grace", 0.0, False),
+        ("restart_backoff", 0.0, False),
+        ("lifeline_timeout", 0.0, True),
+        ("restarts", 0, False),
+    ):
+        value = getattr(args, name, None)
+        if value is None:
+            continue  # fleet check has none of these
+        flag = f"--{name.replace('_', '-')}"
+        if not math.isfinite(value):
+            raise LaunchError(f"{flag} must be a finite number, got {value}")
+        if value < low or (strict and value == low):
+            need = f"more than {low:g}" if strict else f"at least {low:g}"
+            raise LaunchError(f"{flag} must be {need}, got {value:g}")
+
+
 def plan_launch(args: argparse.Namespace) -> Plan:
     """Check everything that can be checked before any rank starts; LaunchError if not."""
+    check_flags(args)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -236,8 +261,18 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
 
 
-def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
-    """The command line of mlx.launch for one attempt of `plan`."""
+def watched(plan: Plan) -> bool:
+    """Whether the ranks of `plan` read the lifeline: `train` ranks that mlx.launch starts
+    itself (under mpirun only rank 0 would get its input)."""
+    return plan.command[:1] == ["train"] and plan.backend != "mpi"
+
+
+def mlx_launch_argv(
+    args: argparse.Namespace, plan: Plan, tether: bool = False, launch_id: str = ""
+) -> list[str]:
+    """The command line of mlx.launch for one attempt of `plan`. With `tether`, mlx.launch
+    holds fleet launch's lifeline (trainer/launch/lifeline.py) and `train` ranks watch it;
+    `launch_id` names the attempt's ranks as one run (the run folder's lock)."""
     mlx_argv = [
         "--python",
         args.python,
@@ -255,6 +290,11 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
     rank_env = [*args.env, *plan.env]
     where = f"--hostfile {shlex.quote(plan.hostfile)}" if plan.hostfile else f"-n {plan.world}"
     rank_env.append(f"{LAUNCH_ENV}=fleet launch {where}")
+    if tether and watched(plan):
+        timeout = getattr(args, "lifeline_timeout", lifeline.TIMEOUT_S)
+        rank_env.append(f"{lifeline.ENV}={timeout:g}")
+    if launch_id:
+        rank_env.append(f"{LAUNCH_ID_ENV}={launch_id}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
@@ -263,10 +303,13 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         rank_env.append(f"OPENBLAS_NUM_THREADS={threads}")
     for e in rank_env:
         mlx_argv += ["--env", e]
+    start = "from mlx._distributed_utils.launch import main; main()"
+    if tether:  # in mlx.launch's process, before it starts anything
+        start = f"from trainer.launch.lifeline import tether; tether(); {start}"
     return [
         sys.executable,
         "-c",
-        "from mlx._distributed_utils.launch import main; main()",
+        start,
         *mlx_argv,
         "--",
         "-m",

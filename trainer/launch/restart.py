@@ -28,11 +28,13 @@ class Failure:
     step: int
 
     def describe(self) -> str:
-        return f"rank {self.rank} {self.how} at update {self.step}"
+        when = f"after update {self.step}" if self.step > 0 else "before its first update"
+        return f"rank {self.rank} {self.how} {when}"
 
 
 def failure_of(rank: int, how: str, run_dir: str | Path | None) -> Failure:
-    """The attempt's first failure, at the furthest update any rank's heartbeat reached."""
+    """The attempt's first failure, after the furthest update any rank's heartbeat reached
+    (each rank beats as soon as an update is done)."""
     beats = heartbeat.read_all(run_dir) if run_dir is not None else {}
     step = max((b.step for b in beats.values()), default=-1)
     return Failure(rank, how, step)
