@@ -3,6 +3,7 @@ state (fresh or from a verified checkpoint), the compiled update, telemetry."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import socket
@@ -61,10 +62,10 @@ def open_run(
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
-    applied = memory.apply_limits(
-        cfg.per_rank("cache_limit_gb", world, rank),
-        cfg.per_rank("memory_limit_gb", world, rank),
-        cfg.per_rank("wired_limit_gb", world, rank),
+    limit = memory.Limit.from_setting(cfg.memory_limit(world, rank), ranks_here(cluster))
+    applied = [line] if (line := limit.apply()) else []
+    applied += memory.apply_limits(
+        cfg.per_rank("cache_limit_gb", world, rank), cfg.per_rank("wired_limit_gb", world, rank)
     )
     if mx.cuda.is_available():
         applied.append(graphs)
@@ -109,9 +110,11 @@ def open_run(
         pad_id=data.pad_id,
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
+        loss_head=cfg.loss_head,
         grad_checkpoint=cfg.grad_checkpoint,
         **({"factor": factor} if slowed else {}),
     )
+    stepper.limit = limit
     commands = CommandQueue()
     run = Run(
         cfg=cfg,
@@ -145,6 +148,12 @@ def open_run(
             heartbeat.clear(run_dir, r)
     run.beat("starting", time.time())
     return run
+
+
+def ranks_here(cluster: Cluster) -> int:
+    """How many of the run's ranks share this machine (and so its memory): a collective."""
+    mine = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
+    return cluster.gather_bytes(mine).count(mine)
 
 
 def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +118,11 @@ class Run:
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and
         peak, and (rank 0) the autopilot."""
-        cfg, world = self.cfg, self.cluster.size
-        limits = [cfg.per_rank("memory_limit_gb", world, r) for r in range(world)]
         return Controller(
             self.cluster,
             self.commands,
-            caps_model=partial(memory.memory_caps, cfg),
+            caps_model=memory.memory_caps,
             pilot=self.pilot if self.cluster.is_root else None,
-            limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
         )
 
@@ -170,10 +166,12 @@ class Run:
             cache_mem=mem.cache,
             tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
             simulated=isinstance(self.stepper, SlowedStepper),
+            **self.stepper.memory_fields(),
             **sysmem.sample().update_fields(),
         )
         self.reporter.on_update(rec)
         self.measured = {
+            "budget": rec.mem_budget,
             "peak": rec.peak_mem,
             "compute_s": f.compute_s,
             "swap": rec.swap_used,

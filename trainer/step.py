@@ -111,12 +111,15 @@ class Stepper:
         pad_id: int,
         grad_clip: float,
         loss_chunk: int = 0,
+        loss_head: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.pad_id, self.grad_clip = pad_id, grad_clip
-        self.loss_chunk = loss_chunk  # tokens per chunk of the loss head (0: all at once)
+        self.limit = memory.Limit("none", None)  # --memory-limit-gb: the builder's
+        self.loss_chunk = loss_chunk  # rows per chunk of the fused head (0: by vocabulary)
+        self.fused_head = {"auto": None, "fused": True, "plain": False}[loss_head]
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
@@ -154,20 +157,28 @@ class Stepper:
         `stage` hears each phase as it starts ("compute", "barrier", "all-reduce",
         "optimizer"): the watchdog's view of where a stuck update is.
         """
+        with self.limit.update() as seen:  # resets the peak; auto may measure the live set
+            return self._update(batches, lr, sequential, cluster, stage, seen)
+
+    def _update(self, batches, lr, sequential, cluster, stage, seen: dict) -> UpdateFigures:
         stage("compute")
         t_start = time.perf_counter()
-        memory.reset_peak()
+        samples = 0
         if sequential:
             acc = loss_sum = ntok = None  # the first microstep writes the accumulators
             for batch in batches:
+                samples += batch.shape[0]
                 acc, loss_sum, ntok = self.microstep(acc, loss_sum, ntok, batch)
                 mx.eval(acc, loss_sum, ntok)  # a sync point: frees this microbatch's graph
             if acc is None:  # no microbatch: nothing to add (every rank still steps)
                 acc = zeros_f32(self.model.trainable_parameters())
                 loss_sum, ntok = mx.array(0.0), mx.array(0.0)
         else:
-            acc, loss_sum, ntok = self.unrolled(list(batches))
+            batches = list(batches)
+            samples = sum(b.shape[0] for b in batches)
+            acc, loss_sum, ntok = self.unrolled(batches)
             mx.eval(acc, loss_sum, ntok)
+        seen["samples"] = samples
         compute_s = time.perf_counter() - t_start
 
         wait_s = transfer_s = 0.0
@@ -199,6 +210,17 @@ class Stepper:
             update_s=t_end - t_start,
         )
 
+    # --- what this rank holds, for telemetry
+    def memory_fields(self) -> dict:
+        """The memory figures of `records.Update`: the limit's, the optimizer's share and the
+        bytes of master weights and optimizer state this rank holds."""
+        held = tree_flatten([self.model.trainable_parameters(), self.optimizer.state])
+        return {
+            **self.limit.figures(),
+            "opt_share": 1.0,
+            "resident_mem": sum(a.nbytes for _, a in held if isinstance(a, mx.array)),
+        }
+
     # --- loss: the sum of per-token cross-entropy over real tokens, and their count
     def _loss_sums(
         self, params: Tree, batch: mx.array, grad: bool = True
@@ -216,6 +238,7 @@ class Stepper:
             mask,
             self.loss_chunk,
             grad=grad,
+            fused=self.fused_head,
         )
         return loss, mask.sum()
 
