@@ -32,6 +32,7 @@ from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
 from trainer.run import Data, Run
+from trainer.shard import open_shard
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
 
@@ -86,10 +87,11 @@ def open_run(
     state = LoopState(split=split)
     if resume is not None:
         catalog.check_compatible(catalog.verify(resume), identity, resume)
-        params, opt_state = store.load_arrays(resume)
-        model.update(params)
-        optimizer.state = opt_state
-        mx.eval(model.parameters(), optimizer.state)
+        if not cfg.shard_optimizer:  # sharded, open_shard reads this rank's rows
+            params, opt_state = store.load_arrays(resume)
+            model.update(params)
+            optimizer.state = opt_state
+            mx.eval(model.parameters(), optimizer.state)
         state = LoopState.from_json(catalog.read_json(resume, catalog.STATE), split)
         say(
             f"resumed from {resume} at update {state.step} "
@@ -103,6 +105,10 @@ def open_run(
         return next((f for at, f in reversed(slowdown) if state.step >= at), 1.0)
 
     slowed = any(f > 1 for _, f in slowdown)
+    shard = templates = None
+    if cfg.shard_optimizer:
+        shard, templates = open_shard(cfg, cluster, model, optimizer, limit.budget, resume)
+        applied.append(f"optimizer sharded: this rank steps {shard.fraction:.1%} of it")
     stepper = (SlowedStepper if slowed else Stepper)(
         model,
         optimizer,
@@ -112,6 +118,8 @@ def open_run(
         loss_chunk=cfg.loss_chunk,
         loss_head=cfg.loss_head,
         grad_checkpoint=cfg.grad_checkpoint,
+        shard=shard,
+        templates=templates,
         **({"factor": factor} if slowed else {}),
     )
     stepper.limit = limit

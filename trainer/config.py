@@ -114,6 +114,20 @@ class TrainConfig:
         "the console use the budget: the number, or auto's machine share",
     )
     wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
+    shard_optimizer: bool = _f(
+        False,
+        "shard the optimizer across ranks (ZeRO-1): each rank keeps the FP32 master weights "
+        "(mixed) and the optimizer state of its share of the parameters only, steps it, and "
+        "sends the new weights to every rank; the same math (FP32: bit-identical weights); "
+        "checkpoints stay one (gathered into rank 0), resumable sharded or not",
+    )
+    optimizer_shares: str = _f(
+        "auto",
+        "each rank's share of the optimizer (--shard-optimizer), e.g. 4,4,1,1,1 (relative), or "
+        "auto (in proportion to each rank's memory budget). Muon's matrices stay whole; AdamW's "
+        "are split by rows. A rebalance of the batch split does not move shares; a resume "
+        "with other shares does",
+    )
     # --- evaluation and samples
     eval_every: int = _f(0, "token-weighted loss on the held-out split every N updates (0 = never)")
     eval_samples: int = _f(256, "held-out samples per evaluation (0 = all)")
@@ -422,7 +436,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "beta2",
         "grad_clip",
     ),
-    "memory": ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb"),
+    "memory": (
+        "cache_limit_gb",
+        "memory_limit_gb",
+        "wired_limit_gb",
+        "shard_optimizer",
+        "optimizer_shares",
+    ),
     "evaluation and samples": (
         "eval_every",
         "eval_samples",

@@ -182,18 +182,20 @@ class Run:
     def save(self) -> Path | None:
         """Checkpoint the current update: every rank proves its replica, rank 0 writes.
         A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
-        step, model, opt = self.state.step, self.model, self.optimizer
+        step = self.state.step
         self.watchdog.progress("checkpoint")
-        digests = self.cluster.gather_bytes(store.replica_digest(model.parameters(), opt.state))
+        digests = self.cluster.gather_bytes(self.stepper.replica_digest())
         agree = len(set(digests)) == 1
+        trees = self.stepper.checkpoint_trees(self.cluster)  # sharded: gathered into rank 0
         path = None
         if self.cluster.is_root:
+            params, opt_state = trees
             try:
                 path = store.save(
                     self.cfg.run_dir,
                     step,
-                    params=model.parameters(),
-                    optimizer_state=opt.state,
+                    params=params,
+                    optimizer_state=opt_state,
                     state={**self.state.to_json(), "rng": "reseeded from --seed and the step"},
                     config=self.cfg.to_dict(),
                     identity={**self.identity, "replicas_agree": agree},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -12,9 +13,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from trainer import memory
+from trainer.checkpoint import store
 from trainer.distributed import Cluster
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
+from trainer.shard import Shard
 
 Tree = dict
 
@@ -114,8 +117,14 @@ class Stepper:
         loss_head: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
+        shard: Shard | None = None,
+        templates: tuple[Tree, Tree] | None = None,
     ):
         self.model, self.optimizer = model, optimizer
+        # --shard-optimizer: this rank steps its share (trainer/shard.py); `templates` are
+        # the full parameter and optimizer-state trees' shapes (lazy, never evaluated), for
+        # gathering a checkpoint.
+        self.shard, self.templates = shard, templates
         self.pad_id, self.grad_clip = pad_id, grad_clip
         self.limit = memory.Limit("none", None)  # --memory-limit-gb: the builder's
         self.loss_chunk = loss_chunk  # rows per chunk of the fused head (0: by vocabulary)
@@ -139,8 +148,13 @@ class Stepper:
         self._micro = mx.compile(self._micro_impl)
         self._unrolled = mx.compile(self._unrolled_impl)
         self._eval = mx.compile(partial(self._loss_sums, grad=False))
-        state = [model.state, optimizer.state]
-        self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+        if shard is None:
+            state = [model.state, optimizer.state]
+            self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+        else:  # the weights are read (the rows this rank steps), the masters written
+            state = [shard.master, optimizer.state]
+            compile_ = partial(mx.compile, inputs=[model.state, *state], outputs=state)
+            self._apply = compile_(self._apply_impl)
 
     # --- one update: microsteps, barrier, all-reduce, optimizer (the only definition of it)
     def update(
@@ -194,7 +208,7 @@ class Stepper:
 
         stage("optimizer")
         t0 = time.perf_counter()
-        grad_norm = self.apply(acc, sums[1], lr)
+        grad_norm = self.apply(acc, sums[1], lr, cluster)
         mx.eval(self.model.parameters(), self.optimizer.state, grad_norm)
         loss_total, tokens = sums.tolist()
         t_end = time.perf_counter()
@@ -210,16 +224,52 @@ class Stepper:
             update_s=t_end - t_start,
         )
 
-    # --- what this rank holds, for telemetry
+    # --- what this rank holds, for telemetry; what it saves
+    def resident_bytes(self) -> int:
+        """Bytes of master weights and optimizer state this rank holds (sharded under mixed:
+        its FP32 rows; otherwise the weights, which are the masters, whole)."""
+        masters = self.model.trainable_parameters()
+        if self.shard is not None and self.shard.precision == "mixed":
+            masters = self.shard.master
+        held = tree_flatten([masters, self.optimizer.state])
+        return sum(a.nbytes for _, a in held if isinstance(a, mx.array))
+
     def memory_fields(self) -> dict:
         """The memory figures of `records.Update`: the limit's, the optimizer's share and the
         bytes of master weights and optimizer state this rank holds."""
-        held = tree_flatten([self.model.trainable_parameters(), self.optimizer.state])
         return {
             **self.limit.figures(),
-            "opt_share": 1.0,
-            "resident_mem": sum(a.nbytes for _, a in held if isinstance(a, mx.array)),
+            "opt_share": 1.0 if self.shard is None else self.shard.fraction,
+            "resident_mem": self.resident_bytes(),
         }
+
+    def replica_digest(self) -> bytes:
+        """What every rank's replica must agree on: the weights and optimizer state, or,
+        sharded, the weights, the layout, and that this rank's masters are its rows of the
+        weights (the optimizer shards are disjoint: each is checked against the weights its
+        owner sent, which every rank then holds)."""
+        params = self.model.parameters()
+        if self.shard is None:
+            return store.replica_digest(params, self.optimizer.state)
+        h = hashlib.sha256(store.replica_digest(params) + self.shard.layout.digest())
+        if not self.shard.consistent(params):
+            h.update(f"rank {self.shard.rank}: masters differ from the weights".encode())
+        return h.digest()
+
+    def checkpoint_trees(self, cluster: Cluster | None) -> tuple[Tree, Tree] | None:
+        """(weights, optimizer state) as one logical checkpoint, on rank 0 (None elsewhere):
+        sharded, every rank takes part in gathering the masters and the state (a collective),
+        one tensor at a time."""
+        if self.shard is None:
+            return self.model.parameters(), self.optimizer.state
+        group, world = (cluster.group, cluster.size) if cluster else (None, 1)
+        root = cluster is None or cluster.is_root
+        shape, state_shape = self.templates
+        params = self.model.parameters()
+        if self.shard.precision == "mixed":
+            params = self.shard.gather(self.shard.master, shape, group, world, root)
+        state = self.shard.gather(self.optimizer.state, state_shape, group, world, root)
+        return (params, state) if root else None
 
     # --- loss: the sum of per-token cross-entropy over real tokens, and their count
     def _loss_sums(
@@ -290,14 +340,44 @@ class Stepper:
         if self.grad_clip > 0:
             scale = scale * mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
         params = self.model.trainable_parameters()
-        grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
-        self.optimizer.update(self.model, grads)
+        if self.shard is None:
+            grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
+            self.optimizer.update(self.model, grads)
+            return norm
+        # Sharded: the same arithmetic on this rank's rows (the norm is the whole gradient's:
+        # every rank holds the same sums); the new rows go to every rank in apply().
+        params = self.shard.params(params)
+        grads = tree_map(
+            lambda g, p: (g * scale).astype(p.dtype), self.shard.grads(grad_sum), params
+        )
+        new = self.optimizer.apply_gradients(grads, params)
+        if self.shard.precision == "mixed":
+            _assign(self.shard.master, new)
+        return norm, new
+
+    def apply(
+        self, grad_sum: Tree, ntok: mx.array, lr: float, cluster: Cluster | None = None
+    ) -> mx.array:
+        """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm.
+        Sharded, a collective: the new rows of every rank reach every rank."""
+        self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
+        if self.shard is None:
+            return self._apply(grad_sum, ntok)
+        norm, new = self._apply(grad_sum, ntok)
+        dtype = next(p for _, p in tree_flatten(self.model.parameters())).dtype
+        group, world = (cluster.group, cluster.size) if cluster else (None, 1)
+        self.model.update(self.shard.distribute(new, dtype, group, world))
         return norm
 
-    def apply(self, grad_sum: Tree, ntok: mx.array, lr: float) -> mx.array:
-        """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm."""
-        self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
-        return self._apply(grad_sum, ntok)
+
+def _assign(tree, new) -> None:
+    """Put `new`'s leaves into `tree`'s containers in place (compile's outputs are found there)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for k, v in list(items):
+        if isinstance(v, (dict, list)):
+            _assign(v, new[k])
+        else:
+            tree[k] = new[k]
 
 
 class SlowedStepper(Stepper):
