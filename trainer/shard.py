@@ -271,40 +271,38 @@ class Shard:
         rows = [(n, flat[n][p.start : p.stop]) for n, p in self.mine.items()]
         return tree_unflatten(rows) if rows else {}
 
-    def distribute(self, new: dict, dtype, group, world: int) -> dict:
-        """Every parameter's new value, in `dtype`, on every rank: this rank's rows of `new`
-        and the others' from their owners, as bits (bit_sum), in buckets of bucket_bytes."""
+    def distribute(
+        self, new: dict, dtype, group, world: int, bucket_bytes: int = 0
+    ) -> Iterator[dict]:
+        """Every parameter's new value, in `dtype`, on every rank, one bucket (a tree of some
+        parameters) at a time: this rank's rows of `new` and the others' from their owners,
+        as bits (bit_sum). A bucket costs two flat copies (this rank's rows in zeros, and the
+        sum); the caller replaces its old weights with each bucket as it arrives."""
         flat_new = dict(tree_flatten(new))
-        out = []
-        for bucket in self._buckets(dtype):
-            parts = []
-            for name in bucket:
-                shape = self.layout.shapes[name]
-                size = math.prod(shape)
-                piece = self.mine.get(name)
-                if piece is None:
-                    parts.append(mx.zeros((size,), dtype=dtype))
-                    continue
-                before, after = piece.start * piece.cols, (piece.rows - piece.stop) * piece.cols
-                mine = flat_new[name].astype(dtype).reshape(-1)
-                parts += [mx.zeros((before,), dtype=dtype), mine, mx.zeros((after,), dtype=dtype)]
-            flat = mx.concatenate(parts)
+        for bucket in self._buckets(dtype, bucket_bytes or self.bucket_bytes):
+            sizes = [math.prod(self.layout.shapes[name]) for name in bucket]
+            flat = mx.zeros((sum(sizes),), dtype=dtype)
+            offset = 0
+            for name, size in zip(bucket, sizes, strict=True):
+                if (piece := self.mine.get(name)) is not None:
+                    start = offset + piece.start * piece.cols
+                    flat[start : start + piece.size] = flat_new[name].astype(dtype).reshape(-1)
+                offset += size
             if world > 1:
                 flat = bit_sum(flat, group)
-            mx.eval(flat)  # one bucket's flat copy at a time
-            offset = 0
-            for name in bucket:
-                size = math.prod(self.layout.shapes[name])
+            mx.eval(flat)
+            out, offset = [], 0
+            for name, size in zip(bucket, sizes, strict=True):
                 out.append((name, flat[offset : offset + size].reshape(self.layout.shapes[name])))
                 offset += size
-        return tree_unflatten(out)
+            yield tree_unflatten(out)
 
-    def _buckets(self, dtype) -> Iterator[list[str]]:
+    def _buckets(self, dtype, bucket_bytes: int) -> Iterator[list[str]]:
         bucket, size = [], 0
         for name in self.layout.names:
             bucket.append(name)
             size += math.prod(self.layout.shapes[name]) * dtype.size
-            if size >= self.bucket_bytes:
+            if size >= bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
         if bucket:
@@ -323,18 +321,11 @@ class Shard:
                 out.append((path, have[path]))
                 continue
             piece = self.mine.get(name)
-            rows, cols = self.layout.shapes[name][0], math.prod(like.shape[1:])
             dtype = like.dtype  # the template's: every rank sums the same bytes
-            if piece is None:
-                flat = mx.zeros((rows * cols,), dtype=dtype)
-            else:
-                flat = mx.concatenate(
-                    [
-                        mx.zeros((piece.start * cols,), dtype=dtype),
-                        have[path].reshape(-1).astype(dtype),
-                        mx.zeros(((rows - piece.stop) * cols,), dtype=dtype),
-                    ]
-                )
+            flat = mx.zeros((like.size,), dtype=dtype)
+            if piece is not None:
+                start = piece.start * piece.cols
+                flat[start : start + piece.size] = have[path].reshape(-1).astype(dtype)
             if world > 1:
                 flat = bit_sum(flat, group)
             mx.eval(flat)

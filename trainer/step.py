@@ -208,7 +208,14 @@ class Stepper:
 
         stage("optimizer")
         t0 = time.perf_counter()
-        grad_norm = self.apply(acc, sums[1], lr, cluster)
+        if self.shard is None:
+            grad_norm = self.apply(acc, sums[1], lr)
+        else:
+            # The step reads the accumulators, then they go before the new weights travel:
+            # the rows' step and the sending never hold the FP32 sums at once.
+            grad_norm, new = self.step_rows(acc, sums[1], lr)
+            del acc
+            self.send_rows(new, cluster)
         mx.eval(self.model.parameters(), self.optimizer.state, grad_norm)
         loss_total, tokens = sums.tolist()
         t_end = time.perf_counter()
@@ -360,14 +367,29 @@ class Stepper:
     ) -> mx.array:
         """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm.
         Sharded, a collective: the new rows of every rank reach every rank."""
-        self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
         if self.shard is None:
+            self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
             return self._apply(grad_sum, ntok)
-        norm, new = self._apply(grad_sum, ntok)
-        dtype = next(p for _, p in tree_flatten(self.model.parameters())).dtype
-        group, world = (cluster.group, cluster.size) if cluster else (None, 1)
-        self.model.update(self.shard.distribute(new, dtype, group, world))
+        norm, new = self.step_rows(grad_sum, ntok, lr)
+        self.send_rows(new, cluster)
         return norm
+
+    def step_rows(self, grad_sum: Tree, ntok: mx.array, lr: float) -> tuple[mx.array, Tree]:
+        """Sharded: step this rank's rows (evaluated); (the pre-clip grad norm, the new rows)."""
+        self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
+        norm, new = self._apply(grad_sum, ntok)
+        mx.eval(norm, new, self.shard.master, self.optimizer.state)
+        return norm, new
+
+    def send_rows(self, new: Tree, cluster: Cluster | None) -> None:
+        """Sharded, a collective: every rank's new rows reach every rank's weights, a bucket
+        at a time (each bucket's old weights go as its new ones arrive)."""
+        dtype = next(p for _, p in tree_flatten(self.model.parameters())).dtype
+        group, world, size = (
+            (cluster.group, cluster.size, cluster.bucket_bytes) if cluster else (None, 1, 0)
+        )
+        for bucket in self.shard.distribute(new, dtype, group, world, size):
+            self.model.update(bucket)
 
 
 def _assign(tree, new) -> None:
