@@ -171,13 +171,14 @@ def memory(args: argparse.Namespace) -> int:
         title=f"gradient accumulation, {args.accum} microsteps of "
         f"{args.local_batch}x{args.seq_len} tokens"
     )
-    for col in ("mode", "peak active", "update time", "tokens/s"):
+    for col in ("mode", "peak active", "live set", "update time", "tokens/s"):
         table.add_column(col, justify="right")
     for mode in ("unrolled", "sequential"):
         r = results[mode]
         table.add_row(
             mode,
             f"{r['peak_bytes'] / GiB:.3f} GiB",
+            f"{r['live_set_bytes'] / GiB:.3f} GiB",
             f"{r['update_s']:.2f} s",
             f"{r['tokens_per_s']:,.0f}",
         )

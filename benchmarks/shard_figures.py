@@ -93,10 +93,7 @@ def pairs(a: argparse.Namespace, work: Path) -> dict:
 
 def deepest(a: argparse.Namespace, work: Path) -> dict:
     n, budget = a.ranks, a.budget_gb * GiB
-    base = [w for w in a.model.split()]
-    flags = dict(zip(base[::2], base[1::2], strict=True))
-    flags.pop("--depth", None)
-    model = [x for kv in flags.items() for x in kv]
+    model = a.deep_model.split()
     common = [*model, "--local-batches", ",".join(["1"] * n), "--accum", "1", "--updates", "1"]
     common += ["--precision", a.precision, "--allreduce-bucket-mb", str(a.bucket_mb)]
     arms = {"unsharded": [], "sharded": ["--shard-optimizer", "--optimizer-shares", a.shares]}
@@ -138,6 +135,11 @@ def main() -> int:
     p.add_argument("--accum", type=int, default=8)
     p.add_argument("--updates", type=int, default=20)
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument(
+        "--deep-model",
+        default="--width 256 --heads 4 --vocab 8192 --seq-len 32",
+        help="the depth search's model (its depth is searched)",
+    )
     p.add_argument("--budget-gb", type=float, default=0.25, help="the limited rank's memory")
     p.add_argument("--depths", type=int, nargs=2, default=(2, 8), help="two depths to fit")
     p.add_argument(

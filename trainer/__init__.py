@@ -1,6 +1,7 @@
 """The data-parallel MLX trainer. The loop and its nouns sit here, where a reader looks first:
 `train.py` (the loop, top to bottom), `config.py`, `run.py`, `step.py`, `controller.py`,
-`commands.py`, `autopilot.py`, `alerts.py`, `distributed.py`, `optim.py`, `memory.py`.
+`commands.py`, `autopilot.py`, `alerts.py`, `distributed.py`, `optim.py`, `memory.py` (limits,
+budget, live set), `shard.py` (the optimizer sharded in unequal shares).
 
 The wings, each with its own rules (see its docstring): `data/` (no mlx), `model/`,
 `checkpoint/`, `launch/` (no mlx.core).

@@ -106,6 +106,11 @@ def open_run(
 
     slowed = any(f > 1 for _, f in slowdown)
     shard = templates = None
+    if "optimizer_shares" in explicit and not cfg.shard_optimizer:
+        raise ConfigError(
+            "--optimizer-shares applies to a sharded optimizer: add --shard-optimizer, or "
+            "leave the shares out"
+        )
     if cfg.shard_optimizer:
         shard, templates = open_shard(cfg, cluster, model, optimizer, limit.budget, resume)
         applied.append(f"optimizer sharded: this rank steps {shard.fraction:.1%} of it")

@@ -163,3 +163,63 @@ def test_on_one_rank_the_sharded_step_is_the_unsharded_one():
     assert runs[0].keys() == runs[1].keys()
     for k in runs[0]:
         assert np.array_equal(runs[0][k].view(np.uint32), runs[1][k].view(np.uint32)), k
+
+
+def test_a_rank_whose_masters_left_its_weights_does_not_agree():
+    """The replica check, sharded: every rank's digest covers the compute weights (which all
+    ranks hold) and the layout; a rank whose FP32 masters no longer cast to its rows of those
+    weights gets another digest, so the save is refused as a disagreement."""
+    from bench.update import synthetic_stepper
+    from trainer.step import Stepper
+
+    model, opt, _ = synthetic_stepper(
+        depth=1, width=32, heads=1, vocab=512, seq_len=16, precision="mixed"
+    )
+    params = tree_flatten(model.trainable_parameters())
+    layout = plan([(n, p.shape) for n, p in params], [1], lambda p, s: False)
+    shard = Shard(layout, 0, "mixed")
+    shard.take(model)
+    opt.state = shard.local_state(opt.state)
+    stepper = Stepper(model, opt, precision="mixed", pad_id=-1, grad_clip=1.0, shard=shard)
+    agreed = stepper.replica_digest()
+    assert stepper.replica_digest() == agreed and shard.consistent(model.parameters())
+    shard.master["wte"]["weight"] = shard.master["wte"]["weight"] + 1.0
+    assert not shard.consistent(model.parameters())
+    assert stepper.replica_digest() != agreed
+
+
+class _OneRank:
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
+def _tiny(run, **kw) -> TrainConfig:
+    return TrainConfig(
+        synthetic=True, run_dir=str(run), depth=1, width=32, heads=1, seq_len=16, vocab=64,
+        local_batch=2, updates=2, telemetry_port_base=0, **kw,
+    )  # fmt: skip
+
+
+def test_shares_without_a_sharded_optimizer_are_refused(tmp_path):
+    from trainer.distributed import Cluster
+    from trainer.train import train
+
+    cfg = _tiny(tmp_path / "run", optimizer_shares="1")
+    with pytest.raises(ConfigError, match="add --shard-optimizer, or leave the shares out"):
+        train(cfg, Cluster(_OneRank()), explicit=frozenset({"optimizer_shares"}))
+
+
+def test_a_one_rank_sharded_run_trains_and_saves_a_plain_checkpoint(tmp_path):
+    from trainer.checkpoint import catalog
+    from trainer.distributed import Cluster
+    from trainer.train import train
+
+    cfg = _tiny(tmp_path / "run", shard_optimizer=True, precision="mixed")
+    assert train(cfg, Cluster(_OneRank())) == 0
+    manifest = catalog.verify(catalog.step_dir(tmp_path / "run", 2))
+    assert manifest["replicas_agree"] is True
+    weights = mx.load(str(catalog.step_dir(tmp_path / "run", 2) / catalog.WEIGHTS))
+    assert {str(w.dtype) for w in weights.values()} == {"mlx.core.float32"}  # the FP32 masters
