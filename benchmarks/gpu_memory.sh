@@ -12,7 +12,7 @@
 # Writes $OUT/gpu-memory.json (every step's figures and the summary: benchmarks/
 # memory_report.py) and $OUT/gpu-memory.log. Steps run in the order of what matters most;
 # one that would end past DEADLINE_S (default 450 s after the start) is skipped and recorded so.
-# Knobs: MODEL, BATCH (16), UPDATES (10), WARMUP (2), PYTHON, DEADLINE_S, WORK (per-step output).
+# Knobs: MODEL, BATCH (16), UPDATES (8), WARMUP (2), PYTHON, DEADLINE_S, WORK (per-step output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/fleet-gpu-memory}}
@@ -27,7 +27,7 @@ if [ -n "${GPU_SH_TINY:-}" ]; then  # every configuration shrunk: checks the scr
   lm_device="--device cpu"
 else  # issue 12's configuration: 135.3M parameters, 16 x 1024 tokens a microstep
   model=${MODEL:-"--depth 12 --width 768 --heads 12 --vocab 32768 --seq-len 1024"} batch=${BATCH:-16}
-  small=4 mid=8 updates=${UPDATES:-10} warmup=${WARMUP:-2}
+  small=4 mid=8 updates=${UPDATES:-8} warmup=${WARMUP:-2}
   heads="--rows 16384 --width 768 --vocab 32768,8192 --chunks 1024,4096,16384"
   lm_device=""
 fi
@@ -83,17 +83,18 @@ lm="$py benchmarks/mlx_lm_reference.py --updates $updates --warmup $warmup --jso
       step "pair-$pair-$arm" 25 $thr $config --precision mixed --no-breakdown --memory-limit-gb "$m"
     done
   done
-  # 3. the fused head: alone (plain, default chunks, other chunk sizes), then in the update
-  step heads 45 env PYTHONPATH="$PYTHONPATH" $py benchmarks/loss_heads.py $heads --dtype bf16 --json
+  # 3. the fused head against the plain one in the whole update (the default's speed)
   step ours-bf16-plain-head 30 $thr $config --precision bf16 --no-breakdown --loss-head plain
   # 4. the peak per sample: ours (default) and mlx-lm's (no limit) at two more batches
   for b in $small $mid; do
     step "slope-ours-b$b" 25 $thr $model --local-batch "$b" --accum 1 --precision mixed --no-breakdown
   done
   for b in $small $mid; do
-    step "slope-lm-b$b" 50 $lm $model --local-batch "$b" --accum 1 --precision bf16
+    step "slope-lm-b$b" 45 $lm $model --local-batch "$b" --accum 1 --precision bf16
   done
-  # 5. mlx-lm under the limit our bf16 run set (its peak held to the same figure)
+  # 5. the head alone: plain, the default chunks, other chunk sizes
+  step heads 45 env PYTHONPATH="$PYTHONPATH" $py benchmarks/loss_heads.py $heads --dtype bf16 --json
+  # 6. mlx-lm under the limit our bf16 run set (its peak held to the same figure)
   step lm-bf16-same 60 $lm $config --precision bf16 --memory-limit-gb "$(limit_of ours-bf16)"
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true

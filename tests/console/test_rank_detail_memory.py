@@ -34,3 +34,18 @@ def test_the_detail_shows_the_limit_and_the_optimizer_share():
 def test_an_old_peer_s_update_shows_no_memory_policy_lines():
     text = _detail()  # an Update without the new fields: their defaults
     assert "live set" not in text and "optimizer share" not in text
+
+
+def test_the_console_s_balancer_caps_a_rank_by_its_budget():
+    """The console's proposal uses the figure the trainer's caps use: the rank's budget (here
+    3 GiB on a 16 GiB Mac), not its machine's memory."""
+    from console.snapshot import balance_samples
+
+    fleet = Fleet(local_targets(2), clock=lambda: T0)
+    for r in range(2):
+        fleet.apply(r, hello(r, world=2))
+    fleet.apply(0, dataclasses.replace(update(0, 1, world=2), mem_budget=3 * GiB))
+    fleet.apply(1, update(1, 1, world=2))  # an older rank: no budget reported
+    samples = balance_samples(fleet)
+    assert samples[0][-1].mem_total == 3 * GiB
+    assert samples[1][-1].mem_total == fleet.ranks[1].memory_total
