@@ -52,9 +52,10 @@ class TrainConfig:
     )
     loss_head: str = _f(
         "auto",
-        "the loss head: fused (the loss and its gradients in one pass, chunk by chunk: the "
-        "logits are written once in the compute dtype, never in FP32, never kept for the "
-        "backward pass), plain (autodiff), or auto (fused from a vocabulary of 4096 on)",
+        "the loss head: fused (the loss and its gradients in one pass, chunk by chunk: one "
+        "chunk's logits at a time, in the compute dtype, none kept for the backward pass; "
+        "FP32 log-sum-exp), plain (autodiff, FP32 logits), or auto (fused from a vocabulary "
+        "of 4096 on)",
         choices=("auto", "fused", "plain"),
     )
     loss_chunk: int = _f(

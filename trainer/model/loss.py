@@ -6,7 +6,7 @@ the softcap's and the softmax's intermediates beside them, and autodiff keeps se
 them for the backward pass. At a 32k vocabulary that is the largest activation of a small
 model (656 MiB of an 838 MiB bf16 peak on the CPU at 4 x 256 tokens; 4 GiB at 16 x 1024).
 
-Fused (the default above FUSED_VOCAB), a custom function computes the loss and its gradients
+Fused (the default from FUSED_VOCAB on), a custom function computes the loss and its gradients
 in the same pass, chunk by chunk of rows: the loss is the graph's end, so its cotangent is a
 scalar that the backward pass only multiplies in, and what is kept for the backward pass is
 the input gradient (tokens x width, compute dtype) and the weight gradient (vocab x width,
@@ -28,8 +28,10 @@ from trainer.model.config import LOGIT_SOFTCAP
 from trainer.model.gpt import softcap
 
 # From this vocabulary on, the fused head is the default (`fused=None`). Below it the logits
-# are small beside the activations and the plain head's fewer, larger kernels are simpler; on
-# the CPU the fused head is as fast at 512 and faster at 32k (benchmarks/RESULTS.md, issue 20).
+# are small beside the activations. On the CPU the fused head is faster at every size measured
+# (0.68x the plain head's time at 512, 0.88x at 32k: benchmarks/RESULTS.md, issue 20); the
+# threshold keeps tiny models on the path the GPU has run since issue 6 until the fused head
+# is measured there (benchmarks/gpu_memory.sh).
 FUSED_VOCAB = 4096
 # One chunk's logits hold at most this many entries unless `chunk` says how many rows. On a GPU
 # 2**26 (128 MiB in bf16: 2048 rows at a 32k vocabulary, 8 chunks at 16 x 1024 tokens), few
