@@ -217,7 +217,17 @@ def _model_args(p: argparse.ArgumentParser, **d) -> None:
         help="as fleet train --precision",
     )
     p.add_argument(
-        "--loss-chunk", type=int, default=0, help="tokens per chunk of the loss head (0 = all)"
+        "--loss-head",
+        choices=("auto", "fused", "plain"),
+        default="auto",
+        help="the loss head (fleet train --loss-head): fused, plain, or auto (fused from a "
+        "vocabulary of 4096 on)",
+    )
+    p.add_argument(
+        "--loss-chunk",
+        type=int,
+        default=0,
+        help="tokens per chunk of the fused head (0 = sized by the vocabulary)",
     )
     p.add_argument(
         "--grad-checkpoint",
@@ -236,9 +246,9 @@ def _device_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--memory-limit-gb",
-        type=float,
-        default=0.0,
-        help="MLX memory limit in GiB, and the bar `fits` is judged by (0 = none)",
+        default="auto",
+        help="MLX memory limit as fleet train's: auto (the live set measured at the first "
+        "update + 5%%), GiB (also the bar `fits` is judged by), or 0 (none)",
     )
 
 

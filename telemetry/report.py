@@ -45,6 +45,9 @@ def _rank_figures(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": sum(r["local_tokens"] for r in rows) / update_s if update_s else None,
         "wait_share": sum(r["wait_s"] for r in rows) / update_s if update_s else None,
         "simulated": any(r.get("simulated") for r in rows),
+        # --shard-optimizer (issue 20): the share stepped and the bytes held, as last logged
+        "opt_share": (rows[-1].get("opt_share") or 1.0) if rows else 1.0,
+        "resident_mem": (rows[-1].get("resident_mem") or 0) if rows else 0,
     }
 
 
@@ -249,6 +252,14 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
             _pct(f["wait_share"]),
         )
     console.print(table)
+    if any(f["opt_share"] < 1 for f in summary["ranks"]):
+        console.print(
+            "Optimizer sharded (share, master weights + state held): "
+            + ", ".join(
+                f"rank {f['rank']} {f['opt_share']:.1%} {_size(f['resident_mem'])}"
+                for f in summary["ranks"]
+            )
+        )
     if s := summary.get("straggler"):
         console.print(
             f"Straggler: rank {s['rank']}, median compute {_ms(s['median_compute_s'])}, "

@@ -3,6 +3,7 @@ state (fresh or from a verified checkpoint), the compiled update, telemetry."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import socket
@@ -33,6 +34,7 @@ from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
 from trainer.run import Data, Run
+from trainer.shard import open_shard
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
 
@@ -70,10 +72,10 @@ def open_run(
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
-    applied = memory.apply_limits(
-        cfg.per_rank("cache_limit_gb", world, rank),
-        cfg.per_rank("memory_limit_gb", world, rank),
-        cfg.per_rank("wired_limit_gb", world, rank),
+    limit = memory.Limit.from_setting(cfg.memory_limit(world, rank), ranks_here(cluster))
+    applied = [line] if (line := limit.apply()) else []
+    applied += memory.apply_limits(
+        cfg.per_rank("cache_limit_gb", world, rank), cfg.per_rank("wired_limit_gb", world, rank)
     )
     if mx.cuda.is_available():
         applied.append(graphs)
@@ -94,10 +96,11 @@ def open_run(
     state = LoopState(split=split)
     if resume is not None:
         catalog.check_compatible(catalog.verify(resume), identity, resume)
-        params, opt_state = store.load_arrays(resume)
-        model.update(params)
-        optimizer.state = opt_state
-        mx.eval(model.parameters(), optimizer.state)
+        if not cfg.shard_optimizer:  # sharded, open_shard reads this rank's rows
+            params, opt_state = store.load_arrays(resume)
+            model.update(params)
+            optimizer.state = opt_state
+            mx.eval(model.parameters(), optimizer.state)
         state = LoopState.from_json(catalog.read_json(resume, catalog.STATE), split)
         say(
             f"resumed from {resume} at update {state.step} "
@@ -111,6 +114,15 @@ def open_run(
         return next((f for at, f in reversed(slowdown) if state.step >= at), 1.0)
 
     slowed = any(f > 1 for _, f in slowdown)
+    shard = templates = None
+    if "optimizer_shares" in explicit and not cfg.shard_optimizer:
+        raise ConfigError(
+            "--optimizer-shares applies to a sharded optimizer: add --shard-optimizer, or "
+            "leave the shares out"
+        )
+    if cfg.shard_optimizer:
+        shard, templates = open_shard(cfg, cluster, model, optimizer, limit.budget, resume)
+        applied.append(f"optimizer sharded: this rank steps {shard.fraction:.1%} of it")
     stepper = (SlowedStepper if slowed else Stepper)(
         model,
         optimizer,
@@ -118,9 +130,13 @@ def open_run(
         pad_id=data.pad_id,
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
+        loss_head=cfg.loss_head,
         grad_checkpoint=cfg.grad_checkpoint,
+        shard=shard,
+        templates=templates,
         **({"factor": factor} if slowed else {}),
     )
+    stepper.limit = limit
     commands = CommandQueue()
     keeper = Keeper(run_dir, warn) if cluster.is_root else None  # the key, kept in memory
     reporter = open_telemetry(cfg, cluster, commands, split, say, explicit, keeper)
@@ -173,6 +189,12 @@ def open_run(
             heartbeat.clear(run_dir, r)
     run.beat("starting", time.time())
     return run
+
+
+def ranks_here(cluster: Cluster) -> int:
+    """How many of the run's ranks share this machine (and so its memory): a collective."""
+    mine = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
+    return cluster.gather_bytes(mine).count(mine)
 
 
 def build_model(cfg: TrainConfig, data: Data) -> tuple[GPT, optim.Optimizer]:

@@ -55,11 +55,19 @@ class TrainConfig:
         "fp32, bf16, or mixed (FP32 master weights and optimizer state, bf16 compute)",
         choices=("fp32", "bf16", "mixed"),
     )
+    loss_head: str = _f(
+        "auto",
+        "the loss head: fused (the loss and its gradients in one pass, chunk by chunk: one "
+        "chunk's logits at a time, in the compute dtype, none kept for the backward pass; "
+        "FP32 log-sum-exp), plain (autodiff, FP32 logits), or auto (fused from a vocabulary "
+        "of 4096 on)",
+        choices=("auto", "fused", "plain"),
+    )
     loss_chunk: int = _f(
         0,
-        "tokens per chunk of the loss head (0 = all at once): only one chunk's logits exist at "
-        "a time, each chunk's gradients computed with its loss (saves memory at large "
-        "vocabularies)",
+        "tokens per chunk of the fused loss head (0 = sized by the vocabulary: one chunk's "
+        "logits hold at most 2**26 entries on a GPU, 2**22 on the CPU); a number asks for the "
+        "fused head under --loss-head auto",
     )
     grad_checkpoint: bool = _f(
         False,
@@ -102,8 +110,30 @@ class TrainConfig:
     grad_clip: float = _f(1.0, "clip gradients to this global norm (0 = never)")
     # --- memory
     cache_limit_gb: str = _f("", "MLX allocation cache cap in GiB: one value, or one per rank")
-    memory_limit_gb: str = _f("", "MLX memory limit in GiB: one value, or one per rank")
+    memory_limit_gb: str = _f(
+        "auto",
+        "MLX memory limit in GiB, one value or one per rank: auto (each rank measures its "
+        "update's live set at its first update and after a change of its local batch, and sets "
+        "the limit to 5%% above it, so the peak is the live set; never above what its machine "
+        "gives without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "
+        "ranks on it), a number, or 0 (none: MLX's own). The memory guard, rebalance caps and "
+        "the console use the budget: the number, or auto's machine share",
+    )
     wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
+    shard_optimizer: bool = _f(
+        False,
+        "shard the optimizer across ranks (ZeRO-1): each rank keeps the FP32 master weights "
+        "(mixed) and the optimizer state of its share of the parameters only, steps it, and "
+        "sends the new weights to every rank; the same math (FP32: bit-identical weights); "
+        "checkpoints stay one (gathered into rank 0), resumable sharded or not",
+    )
+    optimizer_shares: str = _f(
+        "auto",
+        "each rank's share of the optimizer (--shard-optimizer), e.g. 4,4,1,1,1 (relative), or "
+        "auto (in proportion to each rank's memory budget). Muon's matrices stay whole; AdamW's "
+        "are split by rows. A rebalance of the batch split does not move shares; a resume "
+        "with other shares does",
+    )
     # --- evaluation and samples
     eval_every: int = _f(0, "token-weighted loss on the held-out split every N updates (0 = never)")
     eval_samples: int = _f(256, "held-out samples per evaluation (0 = all)")
@@ -230,8 +260,11 @@ class TrainConfig:
             )
         return split
 
-    def per_rank(self, name: str, world_size: int, rank: int) -> float | None:
-        """One value for all ranks or one per rank (--cache-limit-gb 16,16,4); None if unset."""
+    def per_rank(self, name: str, world_size: int, rank: int) -> float | str | None:
+        """One value for all ranks or one per rank (--cache-limit-gb 16,16,4); None if unset.
+        --memory-limit-gb: "auto", GiB, or None for 0 (see memory_limit)."""
+        if name == "memory_limit_gb":
+            return self.memory_limit(world_size, rank)
         raw = getattr(self, name)
         if raw in ("", None):
             return None
@@ -244,6 +277,30 @@ class TrainConfig:
                 f"{world_size} rank(s): give one value, or one per rank"
             )
         return values[rank]
+
+    def memory_limit(self, world_size: int, rank: int) -> float | str | None:
+        """This rank's --memory-limit-gb: "auto", a limit in GiB, or None (0 or empty: none)."""
+        raw = [p.strip() for p in str(self.memory_limit_gb).split(",") if p.strip()]
+        if not raw:
+            return None
+        if len(raw) not in (1, world_size):
+            raise ConfigError(
+                f"--memory-limit-gb has {len(raw)} values ({self.memory_limit_gb}) but the run "
+                f"has {world_size} rank(s): give one value, or one per rank"
+            )
+        mine = raw[0] if len(raw) == 1 else raw[rank]
+        if mine == "auto":
+            return "auto"
+        try:
+            gib = float(mine)
+        except ValueError:
+            raise ConfigError(
+                f"--memory-limit-gb: {mine!r} is neither auto nor a number of GiB "
+                "(e.g. auto, 24, or 0 for none)"
+            ) from None
+        if not math.isfinite(gib) or gib < 0:
+            raise ConfigError(f"--memory-limit-gb must be auto, 0 or a positive size, got {mine}")
+        return gib or None
 
     def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
         """This rank's simulated slowdown as (from update, factor), in order ([] = none)."""
@@ -418,7 +475,16 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "device",
         "cuda_graphs",
     ),
-    "model": ("depth", "width", "heads", "vocab", "precision", "loss_chunk", "grad_checkpoint"),
+    "model": (
+        "depth",
+        "width",
+        "heads",
+        "vocab",
+        "precision",
+        "loss_head",
+        "loss_chunk",
+        "grad_checkpoint",
+    ),
     "optimization": (
         "local_batch",
         "local_batches",
@@ -437,7 +503,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "beta2",
         "grad_clip",
     ),
-    "memory": ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb"),
+    "memory": (
+        "cache_limit_gb",
+        "memory_limit_gb",
+        "wired_limit_gb",
+        "shard_optimizer",
+        "optimizer_shares",
+    ),
     "evaluation and samples": (
         "eval_every",
         "eval_samples",

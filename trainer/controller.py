@@ -19,8 +19,9 @@ from trainer.launch.plan import LAUNCH_ENV
 
 KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
 
-# (split, every rank's peak bytes) -> the largest local batch each rank's memory allows
-CapsModel = Callable[[list[int], list[float]], list[int | None]]
+# (every rank's memory budget, split, every rank's peak bytes) -> the largest local batch each
+# rank's memory allows
+CapsModel = Callable[[list[float | None], list[int], list[float]], list[int | None]]
 
 
 @dataclass
@@ -56,7 +57,9 @@ class Controller:
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
         self.pilot = pilot  # rank 0's; observes every boundary that is not a keepalive
-        self.limits = limits or [None] * cluster.size  # --memory-limit-gb per rank, bytes
+        # Each rank's memory budget in bytes (--memory-limit-gb, or auto's share of its
+        # machine): given, or as every rank reports it at each boundary.
+        self.limits = limits or [None] * cluster.size
         self.on_event = on_event or (lambda kind, text, data: None)
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
@@ -84,10 +87,11 @@ class Controller:
         compute_s: float = 0.0,
         swap: float = 0.0,
         pressure: float = 0.0,
+        budget: float = 0.0,
     ) -> Action:
         """Called by every rank at every boundary (and as the keepalive while paused), with
         what this rank measured in its last update: peak memory and swap in bytes, compute
-        seconds, memory pressure 0..1."""
+        seconds, memory pressure 0..1, and its memory budget in bytes (0: none or unknown)."""
         pending, name, payload, reason = None, "none", [], "command"
         if self.cluster.is_root:
             while (pending := self.queue.poll()) is not None:
@@ -101,9 +105,12 @@ class Controller:
             name = "keepalive"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
         stop = float(self._stop_code())
-        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3)
+        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
+        self.limits = [
+            f[5] * MiB if f[5] else limit for f, limit in zip(every, self.limits, strict=True)
+        ]
         asked = [(r, int(round(f[1]))) for r, f in enumerate(every) if f[1]]
         if asked and name in ("none", "keepalive"):  # a stop outranks nothing but a command
             # fleet launch's own stop or its loss first: it speaks for every rank
@@ -134,7 +141,7 @@ class Controller:
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""
-        return self.caps_model(split, self.peaks) if self.caps_model else None
+        return self.caps_model(self.limits, split, self.peaks) if self.caps_model else None
 
     def _refusal(self, p: PendingCommand, split: list[int]) -> str | None:
         if p.cmd == "pause" and self.paused:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from telemetry.records import COMMANDS
 from telemetry.units import GiB, MiB
@@ -151,7 +151,9 @@ class Cluster:
 
         Unlike nn.average_gradients this sums (the optimizer divides by the global token
         count) and carries the scalars in the last bucket, so an update costs one round of
-        all-reduces whatever the split.
+        all-reduces whatever the split. The sums replace the gradients in `grads` itself, a
+        bucket at a time, so each bucket's own gradients go as its sums arrive: the update's
+        live set never holds the gradients twice (4 bytes a parameter less).
         """
         if self.size == 1:
             return grads, scalars
@@ -165,21 +167,22 @@ class Cluster:
                 buckets.append(current)
                 current, size = [], 0
         buckets.append(current)  # the last bucket (possibly empty) also carries the scalars
-        out = []
         for n, bucket in enumerate(buckets):
             parts = [flat[i][1].reshape(-1) for i in bucket]
             if n == len(buckets) - 1:
                 parts.append(scalars.astype(mx.float32).reshape(-1))
             summed = self._sum(mx.concatenate(parts))
+            del parts
             sizes = [flat[i][1].size for i in bucket]
             offsets = reduce(lambda acc, s: acc + [acc[-1] + s], sizes, [0])
             pieces = mx.split(summed, offsets[1:]) if sizes else [summed]
-            out.extend(
-                (flat[i][0], pieces[j].reshape(flat[i][1].shape)) for j, i in enumerate(bucket)
-            )
+            for j, i in enumerate(bucket):
+                name, old = flat[i]
+                flat[i] = (name, pieces[j].reshape(old.shape))
+                _put(grads, name, flat[i][1])
             if n == len(buckets) - 1:
                 scalars = pieces[-1]
-        return tree_unflatten(out), scalars
+        return grads, scalars
 
     def barrier(self) -> float:
         """A tiny all-reduce; the seconds it took are time spent waiting for the slowest rank."""
@@ -228,6 +231,18 @@ class Cluster:
             raise PeerLost(str(e)) from e
         rows = everyone.reshape(self.size, len(blob)).tolist()
         return [bytes(r) for r in rows]
+
+
+def _put(tree, path: str, value) -> None:
+    """tree[a][b]...[z] = value for the path "a.b...z" of tree_flatten (list indices as digits)."""
+    keys = path.split(".")
+    for k in keys[:-1]:
+        tree = tree[int(k)] if isinstance(tree, list) else tree[k]
+    last = keys[-1]
+    if isinstance(tree, list):
+        tree[int(last)] = value
+    else:
+        tree[last] = value
 
 
 MIN_BEAT_S = 0.05

@@ -10,7 +10,6 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +135,11 @@ class Run:
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and
         peak, and (rank 0) the autopilot."""
-        cfg, world = self.cfg, self.cluster.size
-        limits = [cfg.per_rank("memory_limit_gb", world, r) for r in range(world)]
         return Controller(
             self.cluster,
             self.commands,
-            caps_model=partial(memory.memory_caps, cfg),
+            caps_model=memory.memory_caps,
             pilot=self.pilot if self.cluster.is_root else None,
-            limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
             watch=lifeline.Watch.from_env(),  # started by fleet launch: it may stop us
         )
@@ -188,10 +184,12 @@ class Run:
             cache_mem=mem.cache,
             tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
             simulated=isinstance(self.stepper, SlowedStepper),
+            **self.stepper.memory_fields(),
             **sysmem.sample().update_fields(),
         )
         self.reporter.on_update(rec)
         self.measured = {
+            "budget": rec.mem_budget,
             "peak": rec.peak_mem,
             "compute_s": f.compute_s,
             "swap": rec.swap_used,
@@ -202,18 +200,20 @@ class Run:
     def save(self) -> Path | None:
         """Checkpoint the current update: every rank proves its replica, rank 0 writes.
         A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
-        step, model, opt = self.state.step, self.model, self.optimizer
+        step = self.state.step
         self.watchdog.progress("checkpoint")
-        digests = self.cluster.gather_bytes(store.replica_digest(model.parameters(), opt.state))
+        digests = self.cluster.gather_bytes(self.stepper.replica_digest())
         agree = len(set(digests)) == 1
+        trees = self.stepper.checkpoint_trees(self.cluster)  # sharded: gathered into rank 0
         path = None
         if self.cluster.is_root:
+            params, opt_state = trees
             try:
                 path = store.save(
                     self.cfg.run_dir,
                     step,
-                    params=model.parameters(),
-                    optimizer_state=opt.state,
+                    params=params,
+                    optimizer_state=opt_state,
                     state={**self.state.to_json(), "rng": "reseeded from --seed and the step"},
                     config=self.cfg.to_dict(),
                     identity={**self.identity, "replicas_agree": agree},

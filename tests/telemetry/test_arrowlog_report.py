@@ -183,3 +183,31 @@ def test_report_into_a_closed_pipe_exits_quietly(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141
     assert b"Traceback" not in err and err == b""
+
+
+def test_report_shows_each_rank_s_optimizer_share_and_resident_bytes(tmp_path):
+    """--shard-optimizer (issue 20): each rank's share and the master weights + state it
+    holds, from the last update it logged; an unsharded run (share 1.0) prints no line."""
+    import dataclasses
+
+    from telemetry.units import GiB
+
+    shares = [0.5, 0.25, 0.25]
+    for rank, share in enumerate(shares):
+        log = ArrowLog(tmp_path, rank)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        for step in range(1, 4):
+            rec = synthetic.update(step, rank)
+            log.write([dataclasses.replace(rec, opt_share=share, resident_mem=int(share * GiB))])
+        log.close()
+    s = summarize(tmp_path)
+    assert [r["opt_share"] for r in s["ranks"]] == shares
+    assert [r["resident_mem"] for r in s["ranks"]] == [GiB // 2, GiB // 4, GiB // 4]
+    out = io.StringIO()
+    render(s, Console(file=out, width=160))
+    assert "Optimizer sharded" in out.getvalue() and "rank 1 25.0% 0.25 GiB" in out.getvalue()
+    plain = tmp_path / "plain"
+    synthetic.write_run(plain, world_size=2, steps=3, slow_rank=None, rebalance_at=None)
+    out = io.StringIO()
+    render(summarize(plain), Console(file=out, width=160))
+    assert "Optimizer sharded" not in out.getvalue()
