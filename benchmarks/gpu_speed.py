@@ -47,6 +47,7 @@ class Variant:
     name: str
     lever: str
     attention: str = "plain"
+    packed: bool = False  # q, k, v from one matmul (Attention.packed)
     stepper: dict = field(default_factory=dict)  # Stepper keywords (the head's)
     needs_kernel: bool = False
 
@@ -108,20 +109,29 @@ def check_main(a: argparse.Namespace) -> None:
 
     mx.set_default_device(mx.cpu if a.device == "cpu" else mx.gpu)
     out: dict = {"backend": kernels.gpu_backend(), "cases": [], "ok": True}
-    cases = [
-        ((2, 130, 5, 64), mx.bfloat16, 0, False),
-        ((2, 130, 5, 64), mx.bfloat16, 37, True),
-        ((2, 130, 5, 64), mx.float32, 37, False),
-        ((1, 7, 3, 16), mx.float32, 3, True),
-        ((2, 33, 2, 128), mx.float16, 0, False),
-        ((1, 9, 1, 256), mx.float32, 0, False),  # 4 pairs a lane
+    cases = [  # shape, dtype, offset, heads-first output, q and k views of a packed buffer
+        ((2, 130, 5, 64), mx.bfloat16, 0, False, False),
+        ((2, 130, 5, 64), mx.bfloat16, 37, True, False),
+        ((2, 130, 5, 64), mx.bfloat16, 5, False, True),
+        ((2, 130, 5, 64), mx.float32, 37, False, False),
+        ((2, 130, 5, 64), mx.float32, 2, True, True),
+        ((1, 7, 3, 16), mx.float32, 3, True, False),
+        ((2, 33, 2, 128), mx.float16, 0, False, False),
+        ((1, 9, 1, 256), mx.float32, 0, False, False),  # 4 pairs a lane
     ]
     if not a.tiny:  # the measured shape itself
-        cases.append(((16, 1024, 12, 64), mx.bfloat16, 0, False))
-    for shape, dtype, offset, heads_first in cases:
-        case = {"shape": shape, "dtype": str(dtype), "offset": offset, "heads_first": heads_first}
+        cases.append(((16, 1024, 12, 64), mx.bfloat16, 0, False, False))
+        cases.append(((16, 1024, 12, 64), mx.bfloat16, 0, False, True))
+    for shape, dtype, offset, heads_first, packed in cases:
+        case = {
+            "shape": shape,
+            "dtype": str(dtype),
+            "offset": offset,
+            "heads_first": heads_first,
+            "packed": packed,
+        }
         try:
-            case.update(_check_case(mx, kernels, shape, dtype, offset, heads_first))
+            case.update(_check_case(mx, kernels, shape, dtype, offset, heads_first, packed))
         except Exception as e:  # a kernel that does not compile or run: record, go on
             case.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000])
         out["ok"] &= case["ok"]
@@ -141,12 +151,17 @@ def _err(mx, got, want) -> float:
     return (mx.abs(got - want).max() / (mx.abs(want).max() + 1e-12)).item()
 
 
-def _check_case(mx, kernels, shape, dtype, offset, heads_first) -> dict:
+def _check_case(mx, kernels, shape, dtype, offset, heads_first, packed) -> dict:
     kq, kk, kc = mx.random.split(mx.random.key(sum(shape) + offset), 3)
-    q = mx.random.normal(shape, key=kq).astype(dtype)
-    k = (4.0 * mx.random.normal(shape, key=kk)).astype(dtype)
     B, T, H, D = shape
-    cot = mx.random.normal((2, B, T, H, D), key=kc).astype(dtype).transpose(0, 1, 3, 2, 4)
+    if packed:  # strided views, as Attention.packed hands them over; cotangents heads-first
+        qkv = mx.random.normal((B, T, 3 * H * D), key=kq).astype(dtype)
+        q, k, _ = (x.reshape(shape) for x in mx.split(qkv, 3, axis=-1))
+        cot = mx.random.normal((2, B, H, T, D), key=kc).astype(dtype)
+    else:  # contiguous rows; cotangents token-major (as SDPA's gradients are)
+        q = mx.random.normal(shape, key=kq).astype(dtype)
+        k = (4.0 * mx.random.normal(shape, key=kk)).astype(dtype)
+        cot = mx.random.normal((2, B, T, H, D), key=kc).astype(dtype).transpose(0, 1, 3, 2, 4)
     kw = dict(eps=1e-5, base=10000.0, offset=offset)
 
     def vjp(f):
@@ -305,7 +320,7 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
     figures = result.setdefault("variants", {})
     for v in chosen:
         s = Stepper(model, opt, precision=a.precision, pad_id=-1, grad_clip=1.0, **v.stepper)
-        s.twin.set_attention(v.attention)
+        s.twin.set_attention(v.attention, v.packed)
         steppers[v.name] = s
         figures[v.name] = {**asdict(v), "rounds": []}
     worker = TorchWorker(a, cfg) if a.torch and torch_available() else None
@@ -476,8 +491,8 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
     block = model.blocks[0]
     block.set_dtype(dt)
 
-    def fb(module, path):
-        block.attn.path = path
+    def fb(module, path, packed=False):
+        block.attn.path, block.attn.packed = path, packed
 
         def loss(params, x):
             module.update(params)
@@ -494,9 +509,12 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
 
     for p in paths:
         piece(f"attention.{p}", lambda p=p: fb(block.attn, p))
-    for p in ("plain", "fused") if kernel_ok else ("plain", "strided"):
+    best = "fused" if kernel_ok else "strided"
+    piece(f"attention.{best}-qkv", lambda: fb(block.attn, best, packed=True))
+    for p in ("plain", best):
         piece(f"block.{p}", lambda p=p: fb(block, p))
-    block.attn.path = "plain"
+    piece(f"block.{best}-qkv", lambda: fb(block, best, packed=True))
+    block.attn.path, block.attn.packed = "plain", False
 
     targets = mx.arange(B * T) % V
     mask = mx.ones(targets.shape, dtype=mx.float32)
@@ -544,7 +562,8 @@ def report(result: dict) -> str:
         errs = c.get("errors") or {}
         worst = max(errs.values()) if errs else None
         out.append(
-            f"  {c['shape']} {c['dtype']} offset {c['offset']} heads_first {c['heads_first']}: "
+            f"  {c['shape']} {c['dtype']} offset {c['offset']} heads_first {c['heads_first']}"
+            f" packed {c.get('packed')}: "
             f"{'ok' if c['ok'] else 'FAIL'} worst {worst} {c.get('error', '')[:300]}"
         )
     if "model" in chk:

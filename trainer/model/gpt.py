@@ -29,6 +29,10 @@ class Attention(nn.Module):
     and call this; the heads may be a shard (their count follows from the projections)."""
 
     path = "plain"  # today's composition until the GPU says otherwise (GPT.set_attention)
+    # q, k and v from one matmul over their weights concatenated: x read once, and in the
+    # backward pass one matmul for dx instead of three and two sums. Reads the projections'
+    # `weight`s itself, so a subclass whose projections are not plain Linears keeps it off.
+    packed = False
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -41,8 +45,13 @@ class Attention(nn.Module):
 
     def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
         B, T, _ = x.shape
+        if self.packed:  # views of one (B, T, 3C) product, read in place by SDPA and the kernel
+            w = mx.concatenate([self.c_q.weight, self.c_k.weight, self.c_v.weight])
+            qkv = mx.split(x @ w.T, 3, axis=-1)
+        else:
+            qkv = (f(x) for f in (self.c_q, self.c_k, self.c_v))
         # Token-major (B, T, H, D) rows, as the projections wrote them: no copy yet.
-        q, k, v = (f(x).reshape(B, T, -1, self.head_dim) for f in (self.c_q, self.c_k, self.c_v))
+        q, k, v = (y.reshape(B, T, -1, self.head_dim) for y in qkv)
         offset = 0 if cache is None else cache.offset  # x's first position
         # (B, H, T, D): heads-first copies ("plain") or views of token-major memory, which
         # SDPA reads in place and whose output it then writes token-major too.
@@ -109,13 +118,14 @@ class GPT(nn.Module):
             x = block(x, layer_cache)
         return softcap(self.lm_head(_norm(x, self.cfg.norm_eps)))
 
-    def set_attention(self, path: str) -> None:
-        """How every block runs QK-norm and rotary: a name in kernels.PATHS. Set it before
-        the first compiled call: a compiled graph keeps the path it was traced with."""
+    def set_attention(self, path: str, packed: bool = False) -> None:
+        """How every block runs QK-norm and rotary (a name in kernels.PATHS) and whether its
+        q, k, v come from one matmul (Attention.packed). Set it before the first compiled
+        call: a compiled graph keeps what it was traced with."""
         if path not in PATHS:
             raise ValueError(f"unknown attention path {path!r}; one of {', '.join(PATHS)}")
         for block in self.blocks:
-            block.attn.path = path
+            block.attn.path, block.attn.packed = path, packed
 
     def init_weights(self, seed: int) -> None:
         """nanochat's init: unit-variance embedding, zeroed output projections, small head."""

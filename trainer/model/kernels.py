@@ -128,32 +128,39 @@ def ops(q: mx.array, k: mx.array, *, eps: float, base: float, offset: int = 0) -
 # One source for CUDA and Metal: the bodies differ only in how a thread finds its index and
 # how a warp sums. q, k: (B, T, H, D) rows; dq, dk: the cotangents in the output's layout;
 # offset: (1,) int32, the first position. Template: T (dtype), D, HEADS_FIRST (output layout).
+# Inputs are read through their strides, never copied first (views of a packed projection,
+# cotangents in any layout); outputs are written contiguous.
 _ROW = """
+    // 32-bit indices (rows * 64 lanes stays far below 2^31 at any size a GPU holds); the
+    // pointer offsets are 64-bit.
     const int B = q_shape[0], L = q_shape[1], H = q_shape[2];
-    const long rows = (long)B * L * H;
-    const long row = gid / {warp};
+    const uint rows = (uint)B * L * H;
+    const uint row = gid / {warp};
     const int lane = gid % {warp};
     if (row >= 2 * rows) return;  // whole warps: the grid is a multiple of the warp
     const bool is_q = row < rows;
-    const long r = is_q ? row : row - rows;
-    const int h = r % H;
-    const int t = (r / H) % L;
-    const long b = r / ((long)H * L);
-    const long out_row = HEADS_FIRST ? ((b * H + h) * L + t) : r;
-    const float pos = (float)(t + offset[0]);
+    const uint r = is_q ? row : row - rows;
+    const uint h = r % H;
+    const uint t = (r / H) % L;
+    const uint b = r / (H * L);
+    const int64_t x_at = is_q ? b * q_strides[0] + t * q_strides[1] + h * q_strides[2]
+                              : b * k_strides[0] + t * k_strides[1] + h * k_strides[2];
+    const int64_t xs = is_q ? q_strides[3] : k_strides[3];
+    const float pos = (float)((int)t + offset[0]);
     constexpr int HALF = D / 2;
     constexpr int NP = (HALF + {warp} - 1) / {warp};  // pairs a lane holds
 """
 
 _FORWARD = """
-    {device}const T* x = (is_q ? q : k) + r * D;
-    {device}T* y = (is_q ? q_out : k_out) + out_row * D;
+    const size_t out_row = HEADS_FIRST ? ((size_t)(b * H + h) * L + t) : (size_t)r;
+    auto x = (is_q ? q : k) + x_at;  // auto: Metal's address space, as declared
+    auto y = (is_q ? q_out : k_out) + out_row * D;
     float x1[NP], x2[NP];
     float ss = 0.0f;
     for (int p = 0; p < NP; ++p) {{
       int i = lane + p * {warp};
-      x1[p] = i < HALF ? static_cast<float>(x[i]) : 0.0f;
-      x2[p] = i < HALF ? static_cast<float>(x[i + HALF]) : 0.0f;
+      x1[p] = i < HALF ? static_cast<float>(x[i * xs]) : 0.0f;
+      x2[p] = i < HALF ? static_cast<float>(x[(i + HALF) * xs]) : 0.0f;
       ss += x1[p] * x1[p] + x2[p] * x2[p];
     }}
     ss = {warp_sum}(ss);
@@ -162,7 +169,8 @@ _FORWARD = """
       int i = lane + p * {warp};
       if (i < HALF) {{
         float theta = pos * {exp2}(-((float)i / (float)HALF) * LOG2_BASE);
-        float c = {cos}(theta), s = {sin}(theta);
+        float c, s;
+        {sincos};
         float n1 = x1[p] * rstd, n2 = x2[p] * rstd;
         y[i] = static_cast<T>(n1 * c - n2 * s);
         y[i + HALF] = static_cast<T>(n1 * s + n2 * c);
@@ -171,9 +179,15 @@ _FORWARD = """
 """
 
 _BACKWARD = """
-    {device}const T* x = (is_q ? q : k) + r * D;
-    {device}const T* dy = (is_q ? dq : dk) + out_row * D;
-    {device}T* dx = (is_q ? q_grad : k_grad) + r * D;
+    // The cotangent's strides, in its (output's) axis order.
+    const int64_t g0 = is_q ? dq_strides[0] : dk_strides[0];
+    const int64_t g1s = is_q ? dq_strides[1] : dk_strides[1];
+    const int64_t g2s = is_q ? dq_strides[2] : dk_strides[2];
+    const int64_t gs = is_q ? dq_strides[3] : dk_strides[3];
+    const int64_t dy_at = HEADS_FIRST ? b * g0 + h * g1s + t * g2s : b * g0 + t * g1s + h * g2s;
+    auto x = (is_q ? q : k) + x_at;  // auto: Metal's address space, as declared
+    auto dy = (is_q ? dq : dk) + dy_at;
+    auto dx = (is_q ? q_grad : k_grad) + (size_t)r * D;
     float x1[NP], x2[NP], d1[NP], d2[NP];
     float ss = 0.0f, sd = 0.0f;
     for (int p = 0; p < NP; ++p) {{
@@ -181,10 +195,11 @@ _BACKWARD = """
       x1[p] = x2[p] = d1[p] = d2[p] = 0.0f;
       if (i < HALF) {{
         float theta = pos * {exp2}(-((float)i / (float)HALF) * LOG2_BASE);
-        float c = {cos}(theta), s = {sin}(theta);
-        float g1 = static_cast<float>(dy[i]), g2 = static_cast<float>(dy[i + HALF]);
-        x1[p] = static_cast<float>(x[i]);
-        x2[p] = static_cast<float>(x[i + HALF]);
+        float c, s;
+        {sincos};
+        float g1 = static_cast<float>(dy[i * gs]), g2 = static_cast<float>(dy[(i + HALF) * gs]);
+        x1[p] = static_cast<float>(x[i * xs]);
+        x2[p] = static_cast<float>(x[(i + HALF) * xs]);
         d1[p] = g1 * c + g2 * s;  // dn = R^T dy
         d2[p] = g2 * c - g1 * s;
       }}
@@ -205,7 +220,7 @@ _BACKWARD = """
 """
 
 _CUDA = {
-    "gid": "const long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;",
+    "gid": "const uint gid = blockIdx.x * blockDim.x + threadIdx.x;",
     "header": """
 __device__ inline float qk_warp_sum(float v) {{
   for (int o = {half_warp}; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -213,21 +228,17 @@ __device__ inline float qk_warp_sum(float v) {{
 }}
 """,
     "warp_sum": "qk_warp_sum",
-    "device": "",
     "rsqrt": "rsqrtf",
     "exp2": "exp2f",
-    "cos": "cosf",
-    "sin": "sinf",
+    "sincos": "sincosf(theta, &s, &c)",  # accurate (NVRTC runs without --use_fast_math)
 }
 _METAL = {
-    "gid": "const long gid = thread_position_in_grid.x;",
+    "gid": "const uint gid = thread_position_in_grid.x;",
     "header": "",
     "warp_sum": "metal::simd_sum",
-    "device": "device ",
     "rsqrt": "metal::precise::rsqrt",
     "exp2": "metal::precise::exp2",
-    "cos": "metal::precise::cos",
-    "sin": "metal::precise::sin",
+    "sincos": "s = metal::precise::sincos(theta, c)",
 }
 
 
@@ -270,6 +281,7 @@ def _kernels(backend: str, eps: float, base: float) -> tuple[Callable, Callable]
         output_names=["q_out", "k_out"],
         source=src["forward"],
         header=src["header"],
+        ensure_row_contiguous=False,  # read through strides (_ROW)
     )
     bwd = make(
         name="qk_norm_rope_bwd",
@@ -277,6 +289,7 @@ def _kernels(backend: str, eps: float, base: float) -> tuple[Callable, Callable]
         output_names=["q_grad", "k_grad"],
         source=src["backward"],
         header=src["header"],
+        ensure_row_contiguous=False,
     )
     return fwd, bwd
 
@@ -333,7 +346,9 @@ def fused(
         qn, kn = ops(q, k, eps=eps, base=base, offset=offset)
         return (mx.contiguous(qn), mx.contiguous(kn)) if heads_first else (qn, kn)
     if q.shape[-1] % 2 or q.dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        raise ValueError(f"fused QK-norm needs an even head size and a float dtype, got {q}")
+        raise ValueError(
+            f"fused QK-norm needs an even head size and a float dtype, got {q.shape} {q.dtype}"
+        )
     f = _kernel_pair(backend, float(eps), float(base), heads_first)
     qn, kn = f(q, k, mx.array([offset], dtype=mx.int32))
     return (qn, kn) if heads_first else (qn.transpose(0, 2, 1, 3), kn.transpose(0, 2, 1, 3))

@@ -114,7 +114,7 @@ def test_gpu_kernel_equals_its_ops_mirror(dtype, heads_first):
 
 
 # --- the model with each path -----------------------------------------------------------------
-def _model(path: str) -> GPT:
+def _model(path: str, packed: bool = False) -> GPT:
     cfg = ModelConfig.from_sizes(depth=2, width=64, heads=4, vocab=97, seq_len=20)
     model = GPT(cfg)
     model.init_weights(1)
@@ -122,7 +122,7 @@ def _model(path: str) -> GPT:
     model.update(
         tree_map(lambda p: p + 0.05 * noise[: p.size].reshape(p.shape), model.parameters())
     )
-    model.set_attention(path)
+    model.set_attention(path, packed)
     return model
 
 
@@ -131,11 +131,14 @@ def test_set_attention_refuses_an_unknown_path():
         _model("plain").set_attention("fast")
 
 
-@pytest.mark.parametrize("path", PATHS[1:])
-def test_model_paths_give_the_plain_logits_and_cache(path):
+MODEL_PATHS = [(p, False) for p in PATHS[1:]] + [("plain", True), ("fused", True)]
+
+
+@pytest.mark.parametrize(("path", "packed"), MODEL_PATHS)
+def test_model_paths_give_the_plain_logits_and_cache(path, packed):
     idx = mx.array(SyntheticStream(97, 19, 0).batch(0, 2, 0, 2))[:, :-1]
     want = _model("plain")(idx)
-    model = _model(path)
+    model = _model(path, packed)
     np.testing.assert_allclose(np.array(model(idx)), np.array(want), atol=2e-5)
     cache = [KVCache() for _ in model.blocks]  # a prompt, then one token at a time
     steps = [model.extend(idx[:, :11], cache)] + [
@@ -144,23 +147,25 @@ def test_model_paths_give_the_plain_logits_and_cache(path):
     np.testing.assert_allclose(np.array(mx.concatenate(steps, axis=1)), np.array(want), atol=2e-5)
 
 
-@pytest.mark.parametrize("path", PATHS[1:])
-def test_stepper_gradients_equal_with_each_path(path):
+@pytest.mark.parametrize(("path", "packed"), MODEL_PATHS)
+def test_stepper_gradients_equal_with_each_path(path, packed):
     # The compiled microstep (value_and_grad inside mx.compile), mixed precision: the custom
     # VJP must trace and give the plain path's gradients.
     import mlx.optimizers as optim
 
     batch = mx.array(SyntheticStream(97, 20, 0).batch(0, 3, 0, 3))
     grads = {}
-    for p in ("plain", path):
+    for p, pack in (("plain", False), (path, packed)):
         model = _model("plain")
         stepper = Stepper(model, optim.AdamW(1e-3), precision="mixed", pad_id=-1, grad_clip=1.0)
-        stepper.twin.set_attention(p)
+        stepper.twin.set_attention(p, pack)
         acc, loss, _ = stepper.microstep(None, None, None, batch)
         mx.eval(acc, loss)
-        grads[p] = (loss.item(), dict(tree_flatten(acc)))
-    assert grads[path][0] == pytest.approx(grads["plain"][0], rel=1e-3)
-    for name, g in grads["plain"][1].items():
-        got = np.array(grads[path][1][name])
+        grads[pack, p] = (loss.item(), dict(tree_flatten(acc)))
+    want, got_all = grads[False, "plain"], grads[packed, path]
+    assert got_all[0] == pytest.approx(want[0], rel=1e-3)
+    assert set(got_all[1]) == set(want[1])  # the packed weights' gradients land per tensor
+    for name, g in want[1].items():
+        got = np.array(got_all[1][name])
         scale = np.abs(np.array(g)).max() + 1e-6
         assert np.abs(got - np.array(g)).max() <= 3e-2 * scale, name
