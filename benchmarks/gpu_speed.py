@@ -285,11 +285,14 @@ class TorchWorker:
 
     def close(self) -> None:
         if self.proc.poll() is None:
+            if self.ready is None:  # still compiling: it will not be asked for a round
+                self.proc.kill()
             self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
 
 
 def torch_available() -> bool:
@@ -349,11 +352,17 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
         }
 
     log("levers: compiling round (not counted)")
+    # What the timed rounds need once everything is compiled, about: kept free of compiling.
+    timed_s = a.rounds * len(chosen) * (a.updates + 1) * (0.1 if a.device == "gpu" else 2.0)
     for v in chosen:
+        if clock.left() < a.reserve_s + timed_s + a.profile_s:
+            figures[v.name]["error"] = "skipped: no time left to compile it (deadline)"
+            continue
         t0 = time.monotonic()
         try:
             run(v.name, a.warmup)
             figures[v.name]["compile_s"] = time.monotonic() - t0
+            log(f"  {v.name}: {figures[v.name]['compile_s']:.1f} s")
         except Exception as e:  # a kernel that fails here drops its variant, not the run
             figures[v.name]["error"] = f"{type(e).__name__}: {e}"[:2000]
             log(f"  {v.name}: {figures[v.name]['error'][:200]}")
@@ -361,7 +370,8 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
     save()
     if worker is not None:
         log("levers: waiting for torch.compile's warmup")
-        if not worker.wait_ready(max(5.0, clock.left() - a.reserve_s)):
+        wait = max(5.0, clock.left() - a.reserve_s - timed_s - a.profile_s)
+        if not worker.wait_ready(wait):  # our rounds go on without it
             result["torch"]["error"] = worker.error
         result["torch"]["ready"] = worker.ready
     per_round = (a.updates + 1) * 0.1 * len(live)  # a rough floor; the first round tells
@@ -620,6 +630,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     p.add_argument("--deadline-s", type=float, default=520.0, help="stop starting work after")
     p.add_argument("--reserve-s", type=float, default=20.0, help="kept for writing up")
+    p.add_argument(
+        "--profile-s", type=float, default=90.0, help="kept for the profile while compiling levers"
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (pairs)")
     p.add_argument("--updates", type=int, default=None, help="timed updates a run (20; tiny 3)")
     p.add_argument("--warmup", type=int, default=None, help="compiling updates (3; tiny 2)")
