@@ -414,6 +414,9 @@ def summarize_levers(result: dict) -> None:
         f["over_product"] = [
             x["tokens_per_s"] / b["tokens_per_s"] for x, b in zip(rounds, base, strict=False)
         ]
+        f["over_product_median"] = (
+            statistics.median(f["over_product"]) if f["over_product"] else None
+        )
         f["peak_minus_product_bytes"] = [
             x["peak_bytes"] - b["peak_bytes"] for x, b in zip(rounds, base, strict=False)
         ]
@@ -581,25 +584,26 @@ def report(result: dict) -> str:
     lev = result.get("levers", {})
     figs = lev.get("variants", {})
     if figs:
-        out.append("\nlevers (tokens/s per round; ratio to the product in the same round):")
         out.append(
-            f"  {'variant':<22}{'median tok/s':>14}{'x product (per round)':>30}"
-            f"{'peak GiB':>10}{'opt ms':>8}{'x torch.compile':>22}"
+            "\nlevers (median tokens/s; peak; optimizer ms; then per round: x the product in"
+            " the same round | x torch.compile in the same round):"
         )
         for name, f in figs.items():
             if f.get("error"):
-                out.append(f"  {name:<22} error: {f['error'][:200]}")
+                out.append(f"  {name:<18} {f['error'][:200]}")
                 continue
             rounds = f.get("rounds", [])
             if not rounds:
                 continue
             ratios = " ".join(f"{r:.3f}" for r in f.get("over_product", []))
+            if f.get("over_product_median"):
+                ratios += f" (median {f['over_product_median']:.3f})"
             torch_r = " ".join(f"{r:.2f}" for r in f.get("over_torch_compile", []))
             peak = max(x["peak_bytes"] for x in rounds) / GiB
             opt = statistics.median(x["optimizer_ms"] for x in rounds)
             out.append(
-                f"  {name:<22}{f['tokens_per_s_median']:>14,.0f}{ratios:>30}{peak:>10.2f}"
-                f"{opt:>8.2f}{torch_r:>22}"
+                f"  {name:<18}{f['tokens_per_s_median']:>10,.0f} tok/s {peak:>7.2f} GiB"
+                f" {opt:>7.2f} ms  x {ratios} | {torch_r}"
             )
     tr = lev.get("torch", {})
     if tr.get("rounds"):

@@ -134,15 +134,15 @@ _ROW = """
     // 32-bit indices (rows * 64 lanes stays far below 2^31 at any size a GPU holds); the
     // pointer offsets are 64-bit.
     const int B = q_shape[0], L = q_shape[1], H = q_shape[2];
-    const uint rows = (uint)B * L * H;
-    const uint row = gid / {warp};
+    const unsigned rows = (unsigned)B * L * H;
+    const unsigned row = gid / {warp};
     const int lane = gid % {warp};
     if (row >= 2 * rows) return;  // whole warps: the grid is a multiple of the warp
     const bool is_q = row < rows;
-    const uint r = is_q ? row : row - rows;
-    const uint h = r % H;
-    const uint t = (r / H) % L;
-    const uint b = r / (H * L);
+    const unsigned r = is_q ? row : row - rows;
+    const unsigned h = r % H;
+    const unsigned t = (r / H) % L;
+    const unsigned b = r / (H * L);
     const int64_t x_at = is_q ? b * q_strides[0] + t * q_strides[1] + h * q_strides[2]
                               : b * k_strides[0] + t * k_strides[1] + h * k_strides[2];
     const int64_t xs = is_q ? q_strides[3] : k_strides[3];
@@ -152,7 +152,7 @@ _ROW = """
 """
 
 _FORWARD = """
-    const size_t out_row = HEADS_FIRST ? ((size_t)(b * H + h) * L + t) : (size_t)r;
+    const int64_t out_row = HEADS_FIRST ? ((int64_t)(b * H + h) * L + t) : (int64_t)r;
     auto x = (is_q ? q : k) + x_at;  // auto: Metal's address space, as declared
     auto y = (is_q ? q_out : k_out) + out_row * D;
     float x1[NP], x2[NP];
@@ -187,7 +187,7 @@ _BACKWARD = """
     const int64_t dy_at = HEADS_FIRST ? b * g0 + h * g1s + t * g2s : b * g0 + t * g1s + h * g2s;
     auto x = (is_q ? q : k) + x_at;  // auto: Metal's address space, as declared
     auto dy = (is_q ? dq : dk) + dy_at;
-    auto dx = (is_q ? q_grad : k_grad) + (size_t)r * D;
+    auto dx = (is_q ? q_grad : k_grad) + (int64_t)r * D;
     float x1[NP], x2[NP], d1[NP], d2[NP];
     float ss = 0.0f, sd = 0.0f;
     for (int p = 0; p < NP; ++p) {{
@@ -220,7 +220,7 @@ _BACKWARD = """
 """
 
 _CUDA = {
-    "gid": "const uint gid = blockIdx.x * blockDim.x + threadIdx.x;",
+    "gid": "const unsigned gid = blockIdx.x * blockDim.x + threadIdx.x;",
     "header": """
 __device__ inline float qk_warp_sum(float v) {{
   for (int o = {half_warp}; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -233,7 +233,7 @@ __device__ inline float qk_warp_sum(float v) {{
     "sincos": "sincosf(theta, &s, &c)",  # accurate (NVRTC runs without --use_fast_math)
 }
 _METAL = {
-    "gid": "const uint gid = thread_position_in_grid.x;",
+    "gid": "const unsigned gid = thread_position_in_grid.x;",
     "header": "",
     "warp_sum": "metal::simd_sum",
     "rsqrt": "metal::precise::rsqrt",
@@ -246,8 +246,8 @@ def kernel_sources(backend: str, eps: float, base: float) -> dict[str, str]:
     """The header and the forward and backward bodies for "cuda" or "metal"."""
     w = _CUDA if backend == "cuda" else _METAL
     consts = (
-        f"constant constexpr float EPS = {eps!r};\n"
-        f"constant constexpr float LOG2_BASE = {math.log2(base)!r};\n"
+        f"constant constexpr float EPS = {eps!r}f;\n"
+        f"constant constexpr float LOG2_BASE = {math.log2(base)!r}f;\n"
         if backend == "metal"
         else f"constexpr float EPS = {eps!r}f;\nconstexpr float LOG2_BASE = {math.log2(base)!r}f;\n"
     )
