@@ -147,22 +147,33 @@ def test_model_paths_give_the_plain_logits_and_cache(path, packed):
     np.testing.assert_allclose(np.array(mx.concatenate(steps, axis=1)), np.array(want), atol=2e-5)
 
 
-@pytest.mark.parametrize(("path", "packed"), MODEL_PATHS)
-def test_stepper_gradients_equal_with_each_path(path, packed):
-    # The compiled microstep (value_and_grad inside mx.compile), mixed precision: the custom
-    # VJP must trace and give the plain path's gradients.
+STEPPER_CASES = [(p, k, False) for p, k in MODEL_PATHS] + [("fused", True, True)]
+
+
+@pytest.mark.parametrize(("path", "packed", "checkpointed"), STEPPER_CASES)
+def test_stepper_gradients_equal_with_each_path(path, packed, checkpointed):
+    # The compiled microstep (value_and_grad inside mx.compile), mixed precision, and with
+    # --grad-checkpoint (the block's forward recomputed in the backward pass): the custom VJP
+    # must trace and give the plain path's gradients.
     import mlx.optimizers as optim
 
     batch = mx.array(SyntheticStream(97, 20, 0).batch(0, 3, 0, 3))
     grads = {}
-    for p, pack in (("plain", False), (path, packed)):
+    for p, pack, ckpt in (("plain", False, False), (path, packed, checkpointed)):
         model = _model("plain")
-        stepper = Stepper(model, optim.AdamW(1e-3), precision="mixed", pad_id=-1, grad_clip=1.0)
+        stepper = Stepper(
+            model,
+            optim.AdamW(1e-3),
+            precision="mixed",
+            pad_id=-1,
+            grad_clip=1.0,
+            grad_checkpoint=ckpt,
+        )
         stepper.twin.set_attention(p, pack)
         acc, loss, _ = stepper.microstep(None, None, None, batch)
         mx.eval(acc, loss)
-        grads[pack, p] = (loss.item(), dict(tree_flatten(acc)))
-    want, got_all = grads[False, "plain"], grads[packed, path]
+        grads[p, pack, ckpt] = (loss.item(), dict(tree_flatten(acc)))
+    want, got_all = grads["plain", False, False], grads[path, packed, checkpointed]
     assert got_all[0] == pytest.approx(want[0], rel=1e-3)
     assert set(got_all[1]) == set(want[1])  # the packed weights' gradients land per tensor
     for name, g in want[1].items():
