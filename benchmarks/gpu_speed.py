@@ -63,6 +63,13 @@ def variants(chunk: int) -> list[Variant]:
             needs_kernel=True,
         ),
         Variant("attn-fused", "1 + 3: one pass, token-major", attention="fused", needs_kernel=True),
+        Variant(
+            "attn-fused-qkv",
+            "1 + 3 + q, k, v from one matmul",
+            attention="fused",
+            packed=True,
+            needs_kernel=True,
+        ),
         head_variant(chunk),
     ]
 
