@@ -54,7 +54,8 @@ class Attention(nn.Module):
         q, k, v = (y.reshape(B, T, -1, self.head_dim) for y in qkv)
         offset = 0 if cache is None else cache.offset  # x's first position
         # (B, H, T, D): heads-first copies ("plain") or views of token-major memory, which
-        # SDPA reads in place and whose output it then writes token-major too.
+        # SDPA reads in place and whose output it then writes token-major too (cuDNN's output
+        # takes q's layout), so that the reshape to (B, T, C) after it is free, not a copy.
         q, k = PATHS[self.path](q, k, eps=self.eps, base=self.rope_base, offset=offset)
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:  # attend to every earlier position too
@@ -63,8 +64,7 @@ class Attention(nn.Module):
         y = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask="causal"
         )
-        # A copy when y is heads-first; a free reshape when SDPA wrote it token-major.
-        return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, -1))
+        return self.c_proj(y.transpose(0, 2, 1, 3).reshape(B, T, -1))  # heads may be a shard
 
 
 class MLP(nn.Module):
