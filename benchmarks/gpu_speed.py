@@ -653,6 +653,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-torch", dest="torch", action="store_false", help="skip torch.compile")
     p.add_argument("--sections", default="check,levers,profile", help="comma-separated")
     p.add_argument("--precision", default="mixed", choices=("fp32", "bf16", "mixed"))
+    p.add_argument(
+        "--variants", default="", help="levers: comma-separated names (default: all; product first)"
+    )
     for name in FULL:
         flag = "--" + name.replace("_", "-")
         p.add_argument(
@@ -714,8 +717,10 @@ def main(argv: list[str] | None = None) -> int:
         kernel_ok = bool(result["check"].get("ok"))
         log(f"check: ok={kernel_ok}")
         save()
-    chosen = [v for v in variants(a.loss_chunk) if kernel_ok or not v.needs_kernel]
-    result["dropped"] = [v.name for v in variants(a.loss_chunk) if v not in chosen]
+    every = variants(a.loss_chunk)
+    wanted = [v for v in every if not a.variants or v.name in a.variants.split(",")]
+    chosen = [v for v in wanted if kernel_ok or not v.needs_kernel]
+    result["dropped"] = [v.name for v in wanted if v not in chosen]
     for name, fn in (
         ("levers", lambda r: run_levers(a, cfg, chosen, clock, r, save)),
         ("profile", lambda r: run_profile(a, cfg, kernel_ok, clock, r, save)),
