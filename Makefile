@@ -20,11 +20,17 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) FLEET_BLAS=openblas,)
 
 venv: $(VENV)/.installed
 
+# A fresh clone spends a minute or two here (mlx, pyarrow, textual...): say so, then how long.
 $(VENV)/.installed: pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
-	@touch $@
+	@echo "make: setting up $(VENV) with mlx-fleet[$(EXTRAS)] and its dependencies (once;" \
+	      "about 1-2 minutes on a fresh clone, less when only pyproject.toml changed)..."
+	@start=$$(date +%s); \
+	test -x $(BIN)/python || { echo "make: creating $(VENV) with $(PYTHON)"; \
+	                           $(PYTHON) -m venv $(VENV); } && \
+	echo "make: upgrading pip" && $(BIN)/python -m pip install -q --upgrade pip && \
+	echo "make: installing mlx-fleet[$(EXTRAS)] (the longest step)" && \
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" && \
+	touch $@ && echo "make: $(VENV) is ready ($$(( $$(date +%s) - start )) s)"
 
 demo: venv
 	$(BIN)/fleet demo

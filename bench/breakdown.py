@@ -32,15 +32,20 @@ def shapes(upd: SyntheticUpdate, precision: str, seq_len: int, loss_chunk: int) 
         by_dtype[key] = by_dtype.get(key, 0) + p.nbytes
         n += p.size
     state = sum(v.nbytes for _, v in tree_flatten(optimizer.state) if isinstance(v, mx.array))
+    from trainer.model.loss import chunk_rows, uses_fused
+
     compute = 4 if precision == "fp32" else 2
     rows = upd.local_batch * seq_len
     vocab, width = model.cfg.vocab, model.cfg.width
-    chunked = 0 < loss_chunk < rows
-    head_rows = loss_chunk if chunked else rows
-    # FP32 logits and their softmax gradient (the largest pair alive at once); chunked, one
-    # chunk's, plus the input and weight gradients each chunk adds to.
-    kept = rows * width * compute + vocab * width * 4 if chunked else 0
-    head = 2 * head_rows * vocab * 4 + kept
+    if uses_fused(vocab, upd.stepper.fused_head, loss_chunk):
+        # One chunk's logits and their gradient in the compute dtype (and, on the CPU under
+        # bf16, the chunk's FP32 cast), plus the input and weight gradients kept.
+        head_rows = min(rows, chunk_rows(vocab, loss_chunk))
+        cast = 4 if compute == 2 and mx.default_device() != mx.gpu else 0
+        head = head_rows * vocab * (2 * compute + cast) + rows * width * compute
+        head += vocab * width * 4
+    else:  # plain: FP32 logits and their softmax gradient, the largest pair alive at once
+        head = 2 * rows * vocab * 4
     return {
         "params": n,
         "weights_bytes": sum(by_dtype.values()),
@@ -85,7 +90,7 @@ def _head_peak(upd: SyntheticUpdate, batch, loss_chunk: int) -> int:
     mx.eval(h, w, mask)
 
     def loss(h, w):
-        return head_loss(h, w, targets, mask, loss_chunk)
+        return head_loss(h, w, targets, mask, loss_chunk, fused=upd.stepper.fused_head)
 
     grad = mx.compile(mx.value_and_grad(loss, argnums=(0, 1)))
     before, peak, _ = _probe(lambda: grad(h, w))
@@ -155,7 +160,7 @@ ROWS = (
     ("FP32 accumulators", "accumulator_bytes", "shapes"),
     ("gradients of one microbatch", "gradient_bytes", "shapes"),
     ("  the same, held after value_and_grad", "gradients_held_bytes", "measured"),
-    ("loss head: FP32 logits + softmax gradient", "loss_head_bytes", "shapes"),
+    ("loss head: logits + their gradient (one chunk)", "loss_head_bytes", "shapes"),
     ("  the head's forward + backward alone", "loss_head_peak_bytes", "measured"),
     ("activations kept for the backward pass", "activations_bytes", "derived"),
     ("resident after init (weights + state)", "resident_bytes", "measured"),

@@ -11,10 +11,16 @@ import json
 
 
 def configure(name: str, parser: argparse.ArgumentParser) -> None:
-    """`fleet bench`'s subcommands and their flags (nothing heavy is imported here)."""
+    """`fleet bench`'s subcommands and their flags (nothing heavy is imported here); every
+    flag's help shows its default."""
+    from trainer.config import DefaultsHelp  # no mlx: the dataclass of train's flags
+
+    parser.formatter_class = DefaultsHelp
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (_memory, _throughput, _balance, _telemetry, _console, _worker):
         add(sub)
+    for p in sub.choices.values():
+        p.formatter_class = DefaultsHelp
 
 
 def _memory(sub: argparse._SubParsersAction) -> None:
@@ -108,13 +114,15 @@ def _balance(sub: argparse._SubParsersAction) -> None:
     )
     bal.add_argument("--updates", type=int, default=8, help="counted updates per variant")
     bal.add_argument("--warmup", type=int, default=2, help="updates before counting")
-    bal.add_argument("--depth", type=int, default=2)
-    bal.add_argument("--width", type=int, default=128)
+    bal.add_argument("--depth", type=int, default=2, help="transformer blocks")
+    bal.add_argument("--width", type=int, default=128, help="model width")
     bal.add_argument("--heads", type=int, default=0, help="attention heads (0 = width / 64)")
     bal.add_argument("--vocab", type=int, default=0, help="vocabulary (0 = the synthetic default)")
-    bal.add_argument("--seq-len", type=int, default=256)
+    bal.add_argument("--seq-len", type=int, default=256, help="tokens per sample")
     bal.add_argument("--accum", type=int, default=1, help="microsteps per update")
-    bal.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
+    bal.add_argument(
+        "--precision", choices=("fp32", "bf16", "mixed"), default="fp32", help="as fleet train's"
+    )
     bal.add_argument("--starting-port", type=int, default=30323, help="ring ports for the runs")
     bal.add_argument(
         "--device", choices=("auto", "gpu", "cpu"), default="auto", help="where the ranks compute"
@@ -177,7 +185,7 @@ def _console(sub: argparse._SubParsersAction) -> None:
 
 def _worker(sub: argparse._SubParsersAction) -> None:
     """One configuration measured in its own process (internal)."""
-    worker = sub.add_parser("_worker")
+    worker = sub.add_parser("_worker")  # no help=: not listed by --help
     _model_args(worker, depth=2, width=128, heads=2, seq_len=1024, local_batch=4, accum=4)
     worker.add_argument("--updates", type=int, default=2)
     worker.add_argument("--warmup", type=int, default=1)
@@ -186,17 +194,40 @@ def _worker(sub: argparse._SubParsersAction) -> None:
 
 
 def _model_args(p: argparse.ArgumentParser, **d) -> None:
-    p.add_argument("--depth", type=int, default=d["depth"])
-    p.add_argument("--width", type=int, default=d["width"])
-    p.add_argument("--heads", type=int, default=d["heads"])
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--seq-len", type=int, default=d["seq_len"])
-    p.add_argument("--local-batch", type=int, default=d["local_batch"])
-    p.add_argument("--accum", type=int, default=d["accum"])
-    p.add_argument("--accum-mode", choices=("sequential", "unrolled"), default="sequential")
-    p.add_argument("--precision", choices=("fp32", "bf16", "mixed"), default="fp32")
+    """The model and batch measured: the flags of `fleet train` of the same names."""
+    p.add_argument("--depth", type=int, default=d["depth"], help="transformer blocks")
+    p.add_argument("--width", type=int, default=d["width"], help="model width")
+    p.add_argument("--heads", type=int, default=d["heads"], help="attention heads")
+    p.add_argument("--vocab", type=int, default=512, help="vocabulary of the synthetic tokens")
+    p.add_argument("--seq-len", type=int, default=d["seq_len"], help="tokens per sample")
     p.add_argument(
-        "--loss-chunk", type=int, default=0, help="tokens per chunk of the loss head (0 = all)"
+        "--local-batch", type=int, default=d["local_batch"], help="samples per microstep"
+    )
+    p.add_argument("--accum", type=int, default=d["accum"], help="microsteps per update")
+    p.add_argument(
+        "--accum-mode",
+        choices=("sequential", "unrolled"),
+        default="sequential",
+        help="gradient accumulation, as fleet train --accum-mode",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "mixed"),
+        default="fp32",
+        help="as fleet train --precision",
+    )
+    p.add_argument(
+        "--loss-head",
+        choices=("auto", "fused", "plain"),
+        default="auto",
+        help="the loss head (fleet train --loss-head): fused, plain, or auto (fused from a "
+        "vocabulary of 4096 on)",
+    )
+    p.add_argument(
+        "--loss-chunk",
+        type=int,
+        default=0,
+        help="tokens per chunk of the fused head (0 = sized by the vocabulary)",
     )
     p.add_argument(
         "--grad-checkpoint",
@@ -215,9 +246,9 @@ def _device_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--memory-limit-gb",
-        type=float,
-        default=0.0,
-        help="MLX memory limit in GiB, and the bar `fits` is judged by (0 = none)",
+        default="auto",
+        help="MLX memory limit as fleet train's: auto (the live set measured at the first "
+        "update + 5%%), GiB (also the bar `fits` is judged by), or 0 (none)",
     )
 
 

@@ -40,14 +40,19 @@ PARTS = ("overhead", "memory", "fuzz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part")
+    parser.add_argument(
+        "--only",
+        choices=PARTS,
+        action="append",
+        help="run only this part (repeatable; default: all)",
+    )
     parser.add_argument("--updates", type=int, default=200, help="overhead: updates per arm")
     parser.add_argument("--work-ms", type=float, default=30.0, help="overhead: cost of an update")
     parser.add_argument(
         "--memory-updates", type=int, default=100_000, help="memory: updates pushed"
     )
     parser.add_argument("--fuzz", type=int, default=10_000, help="fuzz: malformed inputs sent")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="fuzz: seed of the malformed inputs")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 

@@ -16,7 +16,7 @@ import time
 
 from bench.breakdown import breakdown, table
 from bench.update import make_update
-from telemetry.units import GiB
+from telemetry.units import GiB, size_text
 
 # The model flags every measured configuration passes to its worker (bench/cli.py's _model_args).
 MODEL_FLAGS = (
@@ -29,6 +29,7 @@ MODEL_FLAGS = (
     "accum",
     "accum_mode",
     "precision",
+    "loss_head",
     "loss_chunk",
     "grad_checkpoint",
     "cuda_graphs",
@@ -68,11 +69,14 @@ def measure(args: argparse.Namespace) -> dict:
     import mlx.core as mx
     import numpy as np
 
-    from trainer.memory import apply_limits, device_name
+    from trainer.config import TrainConfig
+    from trainer.memory import Limit, device_name, tight
 
-    limit = args.memory_limit_gb or None
-    apply_limits(None, limit, None)
+    setting = TrainConfig(memory_limit_gb=str(args.memory_limit_gb)).memory_limit(1, 0)
+    limit = Limit.from_setting(setting)
+    limit.apply()
     update, model = make_update(args)
+    update.stepper.limit = limit  # auto measures the live set at the first update, as train's
     memory = None
     if args.breakdown:  # probes, then one update that counts as a warmup
         memory = breakdown(update, args.precision, args.seq_len, args.loss_chunk)
@@ -87,9 +91,15 @@ def measure(args: argparse.Namespace) -> dict:
         micro.append(figures.compute_s)
         apply_.append(figures.optimizer_s)
         peaks.append(mx.get_peak_memory())
+    # The live set: one more update under a tight limit (no run-ahead), whatever the policy.
+    with tight():
+        mx.reset_peak_memory()
+        update(args.warmup + args.updates)
+        live = mx.get_peak_memory()
     tokens = args.local_batch * args.accum * args.seq_len
     median = float(np.median(times))
     peak = int(max(peaks))
+    budget = limit.budget if limit.mode == "fixed" else None
     return {
         "framework": "mlx",
         "device_name": device_name(),
@@ -97,6 +107,7 @@ def measure(args: argparse.Namespace) -> dict:
         "optimizer_s": float(np.median(apply_)),
         "accum_mode": args.accum_mode,
         "precision": args.precision,
+        "loss_head": args.loss_head,
         "loss_chunk": args.loss_chunk,
         "grad_checkpoint": args.grad_checkpoint,
         "local_batch": args.local_batch,
@@ -105,14 +116,17 @@ def measure(args: argparse.Namespace) -> dict:
         "params": model.num_params(),
         "tokens_per_update": tokens,
         "peak_bytes": peak,
-        "memory_limit_bytes": int(limit * GiB) if limit else None,
-        "fits": peak <= limit * GiB if limit else None,
+        "live_set_bytes": int(live),
+        "peak_over_live": peak / live if live else None,
+        "memory_limit": str(args.memory_limit_gb),
+        "memory_limit_bytes": limit.limit,  # auto: the live set measured + 5%
+        "fits": peak <= budget if budget else None,
         "update_s_all": [float(t) for t in times],
         "memory": memory,
         "update_s": median,
         "tokens_per_s": tokens / median,
         "flops_per_token": model.flops_per_token(),
-        "device": str(mx.default_device()),
+        "device": "gpu" if mx.default_device().type == mx.gpu else "cpu",  # not "Device(cpu, 0)"
         "mlx": mx.__version__,
     }
 
@@ -157,13 +171,14 @@ def memory(args: argparse.Namespace) -> int:
         title=f"gradient accumulation, {args.accum} microsteps of "
         f"{args.local_batch}x{args.seq_len} tokens"
     )
-    for col in ("mode", "peak active", "update time", "tokens/s"):
+    for col in ("mode", "peak active", "live set", "update time", "tokens/s"):
         table.add_column(col, justify="right")
     for mode in ("unrolled", "sequential"):
         r = results[mode]
         table.add_row(
             mode,
             f"{r['peak_bytes'] / GiB:.3f} GiB",
+            f"{r['live_set_bytes'] / GiB:.3f} GiB",
             f"{r['update_s']:.2f} s",
             f"{r['tokens_per_s']:,.0f}",
         )
@@ -186,8 +201,9 @@ def throughput(args: argparse.Namespace) -> int:
     mfu = f", MFU {100 * r['mfu']:.1f}% of {tflops:g} TFLOP/s bf16 dense" if peak else ""
     print(
         f"{r['tokens_per_s']:,.0f} tokens/s, update {r['update_s'] * 1000:.0f} ms, "
-        f"peak {r['peak_bytes'] / GiB:.2f} GiB ({r['params'] / 1e6:.1f}M params, "
-        f"{r['precision']}, {r['device']}){mfu}"
+        f"peak {size_text(r['peak_bytes'])}, live set {size_text(r['live_set_bytes'])} "
+        f"(memory limit {r['memory_limit']}; {r['params'] / 1e6:.1f}M params, "
+        f"{r['precision']}, {r['device']}: {r['device_name']}){mfu}"
     )
     if r["memory"]:
         from rich.console import Console

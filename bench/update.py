@@ -23,6 +23,7 @@ def synthetic_stepper(
     seq_len: int,
     precision: str,
     loss_chunk: int = 0,
+    loss_head: str = "auto",
     grad_checkpoint: bool = False,
 ) -> tuple[GPT, Optimizer, Stepper]:
     """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
@@ -52,6 +53,7 @@ def synthetic_stepper(
         pad_id=-1,
         grad_clip=1.0,
         loss_chunk=loss_chunk,
+        loss_head=loss_head,
         grad_checkpoint=grad_checkpoint,
     )
     return model, optimizer, stepper
@@ -73,6 +75,7 @@ class SyntheticUpdate:
             seq_len=args.seq_len,
             precision=args.precision,
             loss_chunk=args.loss_chunk,
+            loss_head=getattr(args, "loss_head", "auto"),
             grad_checkpoint=getattr(args, "grad_checkpoint", False),
         )
         self.stream = SyntheticStream(args.vocab, args.seq_len, 0)

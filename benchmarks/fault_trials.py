@@ -8,6 +8,10 @@
   and whether the stop left a verified checkpoint.
 - `--restarts 2` with one rank SIGKILLed at a random checkpoint: updates completed, the
   largest weight difference to a run that never failed, and the time lost to the restart.
+- Issue 19: SIGKILL of `fleet launch` after a random checkpoint, and SIGTERM at a random
+  moment of its first 3 s (processes left 60 s later, updates lost: the newest update any
+  rank logged minus the newest verified checkpoint); two `fleet train` on one run folder,
+  4 s apart (`--only sigkill,startup,concurrent --kill-trials 20`).
 Prints a table and writes JSON. Not a test: figures for NOTES.md and benchmarks/RESULTS.md.
 """
 
@@ -172,6 +176,134 @@ def restart_trial(data: Path, tmp: Path, whole: dict, base_s: float, updates: in
     }
 
 
+def newest_update(run: Path) -> int:
+    """The newest update any rank logged (the Arrow logs), 0 before the first."""
+    from telemetry.arrowlog import read_updates
+
+    steps = [0]
+    for r in range(3):
+        try:
+            steps += [u["step"] for u in read_updates(run, r).to_pylist()]
+        except (OSError, ValueError):
+            continue
+    return max(steps)
+
+
+def saved_step(run: Path) -> int | None:
+    try:
+        path, _, _ = catalog.resolve(run, "latest")
+        return catalog.read_json(path, catalog.STATE)["step"]
+    except catalog.CheckpointError:
+        return None
+
+
+def wait_gone(run: Path, timeout: float) -> tuple[float, int]:
+    """(seconds until no process of the run was left, or `timeout`; how many were left)."""
+    t0 = time.monotonic()
+    while left_over(run) and time.monotonic() - t0 < timeout:
+        time.sleep(0.2)
+    return time.monotonic() - t0, left_over(run)
+
+
+def sigkill_trial(data: Path, tmp: Path) -> dict:
+    """SIGKILL of fleet launch itself after a random checkpoint: nothing supervises the
+    ranks any more; they must stop at their next update with a checkpoint."""
+    run = tmp / f"kill-{random.getrandbits(16)}"
+    proc = launch(
+        data,
+        run,
+        "--local-batches",
+        "2,2,2",
+        "--updates",
+        "100000",
+        "--checkpoint-every",
+        "1",
+        "--log-every",
+        "1000",
+        opts=("--stop-grace", "30"),
+    )
+    at = random.choice(range(2, 8))
+    deadline = time.monotonic() + 240
+    while (saved_step(run) or 0) < at:
+        assert proc.poll() is None and time.monotonic() < deadline, "never saved"
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    gone_s, left = wait_gone(run, 60)
+    newest, saved = newest_update(run), saved_step(run)
+    return {
+        "killed_after_checkpoint": at,
+        "left_after_60_s": left,
+        "all_gone_s": round(gone_s, 1),
+        "newest_update": newest,
+        "checkpoint_step": saved,
+        "updates_lost": newest - (saved or 0),
+    }
+
+
+def startup_trial(data: Path, tmp: Path) -> dict:
+    """SIGTERM to fleet launch at a random moment of its first 3 s."""
+    run = tmp / f"early-{random.getrandbits(16)}"
+    proc = launch(
+        data,
+        run,
+        "--local-batches",
+        "2,2,2",
+        "--updates",
+        "100000",
+        "--checkpoint-every",
+        "1",
+        "--log-every",
+        "1000",
+        opts=("--stop-grace", "30"),
+    )
+    delay = random.uniform(0, 3)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        err = "(fleet launch still running 120 s later)"
+    _, left = wait_gone(run, 60)
+    newest, saved = newest_update(run), saved_step(run)
+    return {
+        "sigterm_after_s": round(delay, 2),
+        "rc": proc.returncode,
+        "stopped": "the ranks stopped" in err,
+        "ended_after_grace": "did not stop in time" in err,
+        "left_after_60_s": left,
+        "newest_update": newest,
+        "checkpoint_step": saved,
+        "updates_lost": newest - (saved or 0),
+    }
+
+
+def concurrent_trial(data: Path, tmp: Path) -> dict:
+    """Issue 19's trial: `fleet train --resume latest ... --checkpoint-every 1` twice, 4 s
+    apart, on one run folder."""
+    run = tmp / f"two-{random.getrandbits(16)}"
+    run_fleet(
+        *("train", "--data", str(data), "--run-dir", str(run), *TINY),
+        *("--local-batch", "2", "--updates", "2", "--checkpoint-every", "1"),
+    )
+    again = ("train", "--resume", "latest", "--run-dir", str(run), "--updates", "3000")
+    again += ("--checkpoint-every", "1", "--telemetry-port-base", "0", "--log-every", "1000")
+    first = fleet(*again)
+    time.sleep(4)
+    second = fleet(*again)
+    _, err2 = second.communicate(timeout=600)
+    first.send_signal(signal.SIGTERM)  # (the issue ran both to the end: here the first stops)
+    _, err1 = first.communicate(timeout=600)
+    return {
+        "second_rc": second.returncode,
+        "second_refused": "is in use by pid" in err2,
+        "second_said": (err2.strip().splitlines() or [""])[-1][:200],
+        "first_rc": first.returncode,
+        "tracebacks": err1.count("Traceback") + err2.count("Traceback"),
+        "latest_step": saved_step(run),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3, help="trials per signal and restart")
@@ -180,18 +312,42 @@ def main() -> int:
     )
     ap.add_argument("--updates", type=int, default=16, help="updates of the restart runs")
     ap.add_argument("--out", default="", help="write the results as JSON here")
+    ap.add_argument(
+        "--only",
+        default="sigstop,signals,restarts",
+        help="trials to run, comma-separated: sigstop, signals, restarts, sigkill, startup, "
+        "concurrent (default: %(default)s)",
+    )
+    ap.add_argument("--kill-trials", type=int, default=20, help="sigkill and startup trials")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="fleet-faults-"))
     data = tmp / "data"
     run_fleet("prepare", "--stdlib", "--max-files", "12", "--seq-len", "32", "--out", str(data))
     out: dict = {"sigstop": [], "signals": [], "restarts": []}
-    for n in range(args.trials):
+    for name, fn in (("sigkill", sigkill_trial), ("startup", startup_trial)):
+        if name in only:
+            out[name] = []
+            for _ in range(args.kill_trials):
+                out[name].append(trial(fn, data, tmp))
+                print(name, out[name][-1], flush=True)
+    if "concurrent" in only:
+        out["concurrent"] = []
+        for _ in range(args.trials):
+            out["concurrent"].append(trial(concurrent_trial, data, tmp))
+            print("concurrent", out["concurrent"][-1], flush=True)
+    for n in range(args.trials if "sigstop" in only else 0):
         out["sigstop"].append(trial(sigstop_trial, data, tmp, n % 3, args.timeout))
         print(out["sigstop"][-1], flush=True)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP) if "signals" in only else ():
         for _ in range(args.trials):
             out["signals"].append(trial(signal_trial, data, tmp, signum))
             print(out["signals"][-1], flush=True)
+    if "restarts" not in only:
+        print(json.dumps(out, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     t0 = time.monotonic()
     whole = tmp / "whole"
     p = launch(

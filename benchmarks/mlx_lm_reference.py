@@ -14,6 +14,8 @@ AdamW as fleet's (betas 0.9/0.95, eps 1e-8, weight decay 0.1, bias correction) o
 tokens. mlx-lm's trainer does not clip gradients; fleet clips at 1.0. The weights are in the
 `--precision` dtype (bf16, as mlx-lm fine-tunes: there is no FP32 master copy) or FP32.
 
+`--memory-limit-gb tight` measures its live set (the peak with no run-ahead; slow on a GPU).
+
 Timing: mlx-lm's own report, one report per update (`steps_per_report` = accum), tokens/s
 over the time its loop spent in that update; the first `--warmup` reports (compilation) are
 dropped and the median of the rest is taken. Peak memory: MLX's peak active memory from the
@@ -115,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--grad-checkpoint", action="store_true", help="mlx-lm's --grad-checkpoint")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument(
+        "--memory-limit-gb",
+        default="0",
+        help="MLX memory limit for the whole run: GiB, 0 (none: MLX's default), or tight (a "
+        "limit every allocation passes: the measured peak is the live set)",
+    )
     p.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak, for MFU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -129,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device != "auto":
         mx.set_default_device(mx.cpu if args.device == "cpu" else mx.gpu)
+    if args.memory_limit_gb == "tight":
+        mx.set_memory_limit(1)  # eval waits for the stream after each task: no run-ahead
+    elif float(args.memory_limit_gb) > 0:
+        mx.set_memory_limit(int(float(args.memory_limit_gb) * 2**30))
     trainer, nanochat = import_mlx_lm()
     import mlx_lm
 
@@ -210,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_s_all": [r["tokens_per_second"] for r in measured],
         "update_s": tokens / tokens_per_s,
         "peak_bytes": peak_bytes,
+        "memory_limit": args.memory_limit_gb,
         "flops_per_token": flops_per_token,
         "peak_flops": peak,
         "mfu": tokens_per_s * flops_per_token / peak if peak else None,

@@ -6,6 +6,9 @@ Standalone: torch is not a product dependency and only this script imports it.
     python benchmarks/torch_reference.py --compile --json      # torch.compile of forward+loss
     python benchmarks/torch_reference.py --depth 2 --width 64 --heads 2 --vocab 256 \
         --seq-len 32 --local-batch 2 --updates 3 --warmup 1 --device cpu   # smoke test
+    python benchmarks/torch_reference.py --compile --rounds 3 --sync   # driven by another
+        # process: compiles and warms up once, prints {"ready": ...}, then times one round
+        # of --updates per line read from stdin and prints each round's JSON on one line
 
 It mirrors trainer/model/gpt.py (rotary, weightless RMSNorm, QK-norm, ReLU² MLP, untied head,
 logit softcap) and trainer/step.py with --precision mixed: FP32 master weights, a bf16
@@ -165,6 +168,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak, for MFU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="timed rounds of --updates after one warmup"
+    )
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="wait for a line on stdin before each round; print each round's JSON on a line "
+        "(for interleaving with another process's runs)",
+    )
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -183,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     model.init_weights(args.seed)
     model.to(device)  # FP32 master weights in both precisions
     n_params = model.num_params()
-    flops_per_token = 6 * n_params + 12 * args.depth * args.width * args.seq_len
 
     # fused=True: one multi-tensor kernel per step on CUDA; foreach is the fast CPU path.
     opt_kind = {"fused": True} if cuda else {"foreach": True}
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Synthetic rows of seq_len + 1 ids (inputs [:, :-1], targets [:, 1:]), made up front on
     # the device so that the timed updates hold no host work or copies.
-    n_updates = args.warmup + args.updates
+    n_updates = args.warmup + args.updates * args.rounds
     gen = torch.Generator(device=device).manual_seed(args.seed)
     data = torch.randint(0, args.vocab, (n_updates, accum, B, T + 1), device=device, generator=gen)
 
@@ -231,16 +242,47 @@ def main(argv: list[str] | None = None) -> int:
         update(i)
     sync()
     compile_s = time.perf_counter() - compile_s
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(args.warmup, n_updates):
-        sync()
-        t0 = time.perf_counter()
-        update(i)
-        sync()
-        times.append(time.perf_counter() - t0)
+    if args.sync:
+        print(json.dumps({"ready": True, "warmup_s": compile_s}), flush=True)
+    i, times = args.warmup, []
+    for _ in range(args.rounds):
+        if args.sync and not sys.stdin.readline():
+            return 0  # the driver went away
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.updates):
+            sync()
+            t0 = time.perf_counter()
+            update(i)
+            sync()
+            times.append(time.perf_counter() - t0)
+            i += 1
+        if args.sync:
+            print(json.dumps(figures(args, times, compile_s, n_params, device)), flush=True)
+    if args.sync:
+        return 0
+    out = figures(args, times, compile_s, n_params, device)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    median, tokens_per_s, peak = out["update_s"], out["tokens_per_s"], out["peak_flops"]
+    mem = f", peak {out['peak_bytes'] / 1024**3:.2f} GiB" if cuda else ""
+    mfu = f", MFU {100 * out['mfu']:.1f}% of {args.peak_tflops:g} TFLOP/s" if peak else ""
+    print(
+        f"torch {out['mode']}: {tokens_per_s:,.0f} tokens/s, update {median * 1000:.1f} ms"
+        f"{mem} ({n_params / 1e6:.1f}M params, {args.precision}, {out['device']}){mfu}"
+    )
+    return 0
 
+
+def figures(
+    args: argparse.Namespace, times: list[float], compile_s: float, n_params: int, device
+) -> dict:
+    """One run's (or round's) JSON: tokens/s from the median update, peak, MFU, config."""
+    cuda = device.type == "cuda"
+    tokens_per_update = args.local_batch * args.accum * args.seq_len
+    flops_per_token = 6 * n_params + 12 * args.depth * args.width * args.seq_len
     median = statistics.median(times)
     tokens_per_s = tokens_per_update / median
     peak = args.peak_tflops * 1e12 if args.peak_tflops > 0 else None
@@ -278,16 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         },
     }
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
-    mem = f", peak {out['peak_bytes'] / 1024**3:.2f} GiB" if cuda else ""
-    mfu = f", MFU {100 * out['mfu']:.1f}% of {args.peak_tflops:g} TFLOP/s" if peak else ""
-    print(
-        f"torch {out['mode']}: {tokens_per_s:,.0f} tokens/s, update {median * 1000:.1f} ms"
-        f"{mem} ({n_params / 1e6:.1f}M params, {args.precision}, {out['device']}){mfu}"
-    )
-    return 0
+    return out
 
 
 if __name__ == "__main__":

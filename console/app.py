@@ -35,7 +35,7 @@ from console.widgets import EventLog, LossChart, RankTable, RunHeader
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
 
-LIVE = {"checkpoint", "pause", "rebalance", "stop", "reconnect"}  # off in a replay
+LIVE = {"checkpoint", "pause", "rebalance", "stop", "reconnect", "autopilot"}  # off in a replay
 REPLAY = {"replay_toggle", "replay_step", "replay_faster", "replay_slower"}  # only in one
 
 
@@ -46,17 +46,19 @@ class FleetApp(App[int]):
     TITLE = "mlx-fleet"
     ENABLE_COMMAND_PALETTE = False
 
+    # Every key the help lists is in the footer too; short words, so all of them fit in 80
+    # columns (the compact footer: one space between keys).
     BINDINGS = [
         Binding("c", "checkpoint", "Checkpoint"),
-        Binding("p", "pause", "Pause/Resume"),
+        Binding("p", "pause", "Pause"),
         Binding("r", "rebalance", "Rebalance"),
-        Binding("s", "stop", "Stop run"),
+        Binding("s", "stop", "Stop"),
+        Binding("a", "autopilot", "Autopilot"),
+        Binding("l", "reconnect", "Reconnect"),
         Binding("space", "replay_toggle", "Play/Pause"),
         Binding("n", "replay_step", "Step"),
         Binding("plus,equals_sign", "replay_faster", "Faster", show=False),
         Binding("minus", "replay_slower", "Slower", show=False),
-        Binding("l", "reconnect", "Reconnect", show=False),
-        Binding("a", "autopilot", "Autopilot", show=False),
         Binding("q", "quit_console", "Quit"),
         Binding("question_mark", "help", "Help"),
     ]
@@ -104,7 +106,7 @@ class FleetApp(App[int]):
         with Horizontal(id="lower"):
             yield self.chart
             yield self.log_view
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         if self.replay:

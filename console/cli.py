@@ -197,8 +197,19 @@ def build_feed(args: argparse.Namespace):
     from console.live import LiveFeed
 
     if args.local:
+        if args.run_dir and not Path(args.run_dir).expanduser().is_dir():
+            raise ValueError(
+                f"--run-dir {args.run_dir}: no such run folder on this machine (the "
+                "--run-dir of `fleet train` or `fleet launch`)"
+            )
         recorded = _recorded_locally(args.run_dir) if args.run_dir else None
         n = args.n or (recorded.world_size if recorded else 0)
+        if n < 1 and args.run_dir:
+            raise ValueError(
+                f"{args.run_dir} has recorded no telemetry ports yet "
+                f"({rundir.at(args.run_dir).ports}): has its run started? Give -n N to wait "
+                "for N ranks"
+            )
         if n < 1:
             raise ValueError(
                 "--local needs -n N, the number of ranks (or --run-dir RUN of a run that "

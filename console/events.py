@@ -57,11 +57,32 @@ def event_line(e: Event) -> tuple[str, str]:
     data = e.data or {}
     level = LEVEL.get(e.kind, "info")
     text = e.message or _said(e.kind, data)
+    if e.kind == "sample" and not text.startswith("sample"):  # the trainer sends the text
+        text = f"sample: {text}"
+    if e.kind == "autopilot" and "after_s" in data:  # the measured effect of its own change
+        text = measured_line(data) or text
     if e.kind == "checkpoint":
         verified = data.get("verified")
         text += " (verified)" if verified else " (NOT verified)" if verified is False else ""
         level = "warning" if verified is False else level
-    return level, text or e.kind
+    # One log line per event: a multi-line message (a sample of code) shows its newlines as ⏎
+    return level, (text or e.kind).replace("\r", "").replace("\n", "⏎")
+
+
+def measured_line(data: dict[str, Any]) -> str:
+    """The autopilot's follow-up on a rebalance it made, said as a measurement of that one
+    change (not as another split): "autopilot measured its rebalance to 1,2,2,3: ..."."""
+    after, before = data.get("after_s"), data.get("before_s")
+    if not isinstance(after, int | float):
+        return ""
+    what = f"autopilot measured its rebalance to {_split(data.get('to'))}"
+    if isinstance(before, int | float) and before > 0:
+        change = after / before - 1
+        return (
+            f"{what}: the slowest rank's compute went {before * 1e3:.0f} → {after * 1e3:.0f} ms "
+            f"({change:+.0%})"
+        )
+    return f"{what}: the slowest rank's compute is now {after * 1e3:.0f} ms"
 
 
 def _said(kind: str, data: dict[str, Any]) -> str:
@@ -143,7 +164,8 @@ def reply_line(r: Reply, what: str) -> tuple[str, str]:
     if r.ok:
         step = (r.result or {}).get("step")
         at = f" at update {step}" if step is not None else ""
-        return "good", f"✓ {what}: applied{at}"
+        resume = (r.result or {}).get("resume")  # a stop says how the run goes on
+        return "good", f"✓ {what}: applied{at}" + (f"; to go on: {resume}" if resume else "")
     return "error", f"✗ {what}: refused: {r.error or 'no reason given'}"
 
 

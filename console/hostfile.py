@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telemetry.typos import did_you_mean
+
 DEFAULT_PORT_BASE = 47800
 LOCALHOST = "localhost"
 
@@ -36,12 +38,32 @@ class RankTarget:
         return f"rank {self.rank} ({self.host})"
 
 
+HOSTFILE_KEYS = ("hosts", "backend", "envs")  # mlx.launch's object form, and each entry's
+HOST_KEYS = ("ssh", "ips", "rdma")
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key mlx.launch would ignore (a typo of `ips` would mean no ips)."""
+    for key in obj:
+        if key not in known:
+            hint = did_you_mean(str(key), known, quote=True)
+            raise HostfileError(
+                f"{where}: unknown key {key!r}{hint}; the keys are {', '.join(known)}"
+            )
+
+
 def parse_hostfile(data: Any, source: str = "hostfile") -> list[tuple[str, tuple[str, ...]]]:
-    """Validate decoded JSON; return (ssh host, ips) per rank, in rank order."""
+    """Validate decoded JSON (a list of hosts, or mlx.launch's {"hosts": [...], "backend": ...}
+    object); return (ssh host, ips) per rank, in rank order."""
+    if isinstance(data, dict) and "ssh" not in data:  # not one host written without its list
+        _known_keys(data, HOSTFILE_KEYS, source)
+        if not isinstance(data.get("hosts"), list):
+            raise HostfileError(f'{source}: an object needs a "hosts" list')
+        data = data["hosts"]
     if not isinstance(data, list):
         raise HostfileError(
-            f'{source}: expected a JSON list of {{"ssh": ..., "ips": [...]}} entries, '
-            f"got {type(data).__name__}"
+            f'{source}: expected a JSON list of {{"ssh": ..., "ips": [...]}} entries (or '
+            f'{{"hosts": [...]}}), got {type(data).__name__}'
         )
     if not data:
         raise HostfileError(f"{source}: the list is empty; give one entry per rank")
@@ -50,6 +72,7 @@ def parse_hostfile(data: Any, source: str = "hostfile") -> list[tuple[str, tuple
         where = f"{source}: entry {i} (rank {i})"
         if not isinstance(entry, dict):
             raise HostfileError(f"{where}: expected an object, got {type(entry).__name__}")
+        _known_keys(entry, HOST_KEYS, where)
         ssh = entry.get("ssh")
         if not isinstance(ssh, str) or not ssh.strip():
             raise HostfileError(f'{where}: "ssh" must be a non-empty host name')

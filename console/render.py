@@ -157,10 +157,13 @@ def braille_plot(
     *,
     line_style: str = "cyan",
     mark_style: str = "magenta",
+    min_span: float = 0.0,
 ) -> tuple[list[Text], tuple[float, float], tuple[float, float]]:
     """A line of `points` (x, y) and `marks` as ● in a width x height braille grid.
 
-    Returns the rows (top first) and the x and y ranges drawn, for the axis labels.
+    The y range spans at least `min_span` (centred on the data), so that noise in a flat
+    curve is not stretched into a full-height V. Returns the rows (top first) and the x and
+    y ranges drawn, for the axis labels.
     """
     width, height = max(1, width), max(1, height)
     allp = list(points) + list(marks)
@@ -172,6 +175,9 @@ def braille_plot(
     y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
     if y1 - y0 < 1e-9:
         y0, y1 = y0 - 0.5, y1 + 0.5
+    if y1 - y0 < min_span:
+        mid = (y0 + y1) / 2
+        y0, y1 = mid - min_span / 2, mid + min_span / 2
     pw, ph = width * 2, height * 4
     grid = [[0] * width for _ in range(height)]
 

@@ -147,13 +147,15 @@ def header(fleet: Fleet) -> HeaderInfo:
 
 
 def balance_samples(fleet: Fleet) -> list[list[balance.RankSample]]:
-    """Each rank's recent updates as the balancer's input."""
+    """Each rank's recent updates as the balancer's input. A rank's memory is its budget
+    (--memory-limit-gb, or auto's share of its machine: the figure the trainer's caps and
+    memory guard use), or its machine's memory where an older rank reports none."""
     out = []
     for v in fleet.ranks:
         total = v.memory_total
         out.append(
             [
-                balance.RankSample(u.local_batch, u.compute_s, u.peak_mem, total)
+                balance.RankSample(u.local_batch, u.compute_s, u.peak_mem, u.mem_budget or total)
                 for u in list(v.updates)[-BALANCE_WINDOW:]
             ]
         )

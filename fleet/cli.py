@@ -9,7 +9,6 @@ subcommand is imported when that subcommand runs, which keeps `fleet console` fr
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from importlib import import_module
@@ -23,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("trainer.cli", "check a fleet before a run: hosts, versions, data, group, links"),
     "export": ("trainer.cli", "write a checkpoint as an mlx-lm model folder (mlx_lm.load)"),
     "sample": ("trainer.cli", "generate text from a checkpoint, printed as it comes"),
+    "sweep": ("trainer.sweep.cli", "search train flags with Optuna; crown a champion over seeds"),
     "bench": ("bench.cli", "benchmarks: memory, balance, throughput, telemetry, console"),
     "telemetry": ("telemetry.cli", "tail a rank's telemetry or send it a signed command"),
     "report": ("telemetry.cli", "summarize a run from its telemetry logs"),
@@ -54,15 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"fleet: unknown command {name!r}\n\n{_overview()}", file=sys.stderr)
+        from telemetry.typos import did_you_mean
+
+        print(
+            f"usage: fleet <command> [options]\nfleet: error: unknown command {name!r}"
+            f"{did_you_mean(name, SUBCOMMANDS, quote=True)}\n('fleet --help' lists them)",
+            file=sys.stderr,
+        )
         return 2
     if as_command and name in COMPUTE:
         # Imported here: `fleet` itself imports only its table, and the console never needs it.
         from trainer.blas import reexec_with_openblas
 
         reexec_with_openblas(argv)
-    module = import_module(SUBCOMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
+    from telemetry.typos import Parser  # a typo: one usage line and the nearest valid name
+
+    owner = SUBCOMMANDS[name][0]
+    if name == "report" and rest and not rest[0].startswith("-"):
+        from trainer.sweep.layout import is_sweep  # a sweep folder has its own report
+
+        owner = "trainer.sweep.cli" if is_sweep(rest[0]) else owner
+    module = import_module(owner)
+    parser = Parser(prog=f"fleet {name}", description=SUBCOMMANDS[name][1])
     module.configure(name, parser)
     args = parser.parse_args(rest)
     try:

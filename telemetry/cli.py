@@ -9,7 +9,7 @@ from typing import Any
 
 from telemetry import auth, ports
 from telemetry.client import TelemetryClient
-from telemetry.errors import AuthError, ConnectionLost, TelemetryError
+from telemetry.errors import AuthError, ConnectionLost, TelemetryError, Unreachable
 from telemetry.protocol import DEFAULT_PORT_BASE
 from telemetry.records import COMMANDS, Dropped, Event, Hello, Message, Reply, Update
 from telemetry.split import parse as parse_split
@@ -30,8 +30,16 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
             "--plot",
             metavar="FILE",
             default="",
-            help="with several runs, also draw their val-loss curves into FILE (.png or .svg; "
-            "needs matplotlib: the `plot` extra)",
+            help="also draw each run's validation loss and smoothed train loss into FILE "
+            "(.png or .svg; needs matplotlib: the `plot` extra); refused when no run has "
+            "anything to draw",
+        )
+        parser.add_argument(
+            "--x",
+            choices=("updates", "tokens"),  # telemetry.compare.AXES (imports pyarrow)
+            default="updates",
+            help="the curves' x axis: updates, or tokens seen (runs with different batches "
+            "compare per token, not per update) (default: %(default)s)",
         )
         return
     sub = parser.add_subparsers(dest="action", required=True, metavar="{tail,send}")
@@ -89,7 +97,11 @@ def configure(name: str, parser: argparse.ArgumentParser) -> None:
         "args",
         nargs="?",
         metavar="ARGS",
-        help="rebalance: the new split, e.g. 2,2,2; any command: a JSON object",
+        help="rebalance: the new split, e.g. 2,2,2; autopilot: on or off; any command: a "
+        "JSON object",
+    )
+    send.add_argument(
+        "--json", action="store_true", help="print the rank's reply as JSON, as it came"
     )
 
 
@@ -114,20 +126,24 @@ def _report(args: argparse.Namespace) -> int:
     from telemetry.report import render, summarize
 
     several = len(args.run_dirs) > 1
+    drawn = ""
     try:
         summary = compare.compare(args.run_dirs) if several else summarize(args.run_dirs[0])
         if args.plot:
-            curves = summary["curves"] if several else compare.compare(args.run_dirs)["curves"]
-            compare.plot(curves, args.plot)
+            drawn = compare.plot(
+                summary if several else compare.compare(args.run_dirs), args.plot, args.x
+            )
     except TelemetryError as e:
         _err(str(e))
         return 1
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif several:
+        compare.render(summary, x=args.x)
     else:
-        (compare.render if several else render)(summary)
-    if args.plot:
-        print(f"val-loss curves drawn in {args.plot}")
+        render(summary)
+    if drawn:
+        print(f"{args.plot}: drew {drawn}")
     return 0
 
 
@@ -163,9 +179,23 @@ def _tail_target(args: argparse.Namespace) -> str:
     return str(recorded_base(args.run_dir) + args.rank)
 
 
+def not_running(e: Unreachable, run_dir: str | None, what: str) -> str:
+    """A refused connection, said as what it means: the run is not running (finished, or
+    not started), and where a finished run is read back instead."""
+    run = run_dir or "RUN"
+    return (
+        f"{e}: no rank serves there, so the run is not running (finished, or not started "
+        f"yet); {what}. A finished run reads back with `fleet report {run}` or "
+        f"`fleet console --replay {run}`"
+    )
+
+
 def _tail(args: argparse.Namespace) -> int:
     try:
         client = _connect(_tail_target(args), args.timeout)
+    except Unreachable as e:
+        _err(not_running(e, args.run_dir, "tail reads a running rank"))
+        return 1
     except (TelemetryError, ValueError) as e:
         _err(str(e))
         return 1
@@ -237,9 +267,18 @@ def describe(msg: Message) -> str:
 # --- send -------------------------------------------------------------------------------------
 
 
+USAGE = {  # what the commands that take an argument need, said as a person would type it
+    "rebalance": "rebalance needs the new split, one local batch per rank with the same "
+    "global batch: fleet telemetry send --run-dir RUN rebalance 2,2,2",
+    "autopilot": "autopilot needs on or off: fleet telemetry send --run-dir RUN autopilot on",
+}
+
+
 def parse_args(cmd: str, text: str | None) -> dict[str, Any]:
     """The args map of a command from its command-line form; ValueError says what is wrong."""
     if not text:
+        if cmd in USAGE:
+            raise ValueError(USAGE[cmd])
         return {}
     if text.lstrip().startswith("{"):
         value = json.loads(text)
@@ -253,6 +292,23 @@ def parse_args(cmd: str, text: str | None) -> dict[str, Any]:
             raise ValueError(f"autopilot takes on or off (got {text!r})")
         return {"on": text.strip().lower() == "on"}
     raise ValueError(f"{cmd} takes no arguments (got {text!r})")
+
+
+def applied(cmd: str, result: dict[str, Any]) -> str:
+    """An applied command's reply as a sentence: "rebalance 2,2,2 applied at update 10"."""
+    at = f"at update {result['step']}" if result.get("step") is not None else "(update unknown)"
+    if cmd == "rebalance" and result.get("split"):
+        return f"rebalance {','.join(map(str, result['split']))} applied {at}"
+    if cmd == "autopilot":
+        return f"autopilot {'on' if result.get('on') else 'off'} {at}"
+    if cmd == "checkpoint":
+        path = result.get("path")
+        return f"checkpoint saved {at}: {path}" if path else f"checkpoint {at}: not written"
+    if cmd == "stop":
+        text = f"stopped {at}" + (f", checkpoint {result['path']}" if result.get("path") else "")
+        return text + (f"; to go on: {result['resume']}" if result.get("resume") else "")
+    done = {"pause": "paused", "resume": "resumed"}.get(cmd, f"{cmd} applied")
+    return f"{done} {at}"
 
 
 def _send(args: argparse.Namespace) -> int:
@@ -277,12 +333,17 @@ def _send(args: argparse.Namespace) -> int:
                 _err(f"{args.host}:{base} is rank {client.hello.rank}, not rank 0")
                 return 2
             reply = client.command(args.cmd, cmd_args, timeout=args.timeout)
+    except Unreachable as e:
+        _err(not_running(e, args.run_dir, "commands reach a run while it runs"))
+        return 2
     except TelemetryError as e:
         _err(str(e))
         return 2
-    print(
-        json.dumps({"id": reply.id, "ok": reply.ok, "result": reply.result, "error": reply.error})
-    )
+    if args.json:
+        raw = {"id": reply.id, "ok": reply.ok, "result": reply.result, "error": reply.error}
+        print(json.dumps(raw))
+    elif reply.ok:
+        print(applied(args.cmd, reply.result))
     if not reply.ok:
         _err(f"{args.cmd} refused: {reply.error}")
         return 1

@@ -34,3 +34,7 @@ class CommandRefused(TelemetryError):
     def __init__(self, reply: Reply) -> None:
         super().__init__(f"command {reply.id} refused: {reply.error}")
         self.reply = reply
+
+
+class TrackerError(TelemetryError):
+    """A --report-to that cannot be served: an unknown tracker, or its extra not installed."""

@@ -11,6 +11,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 
@@ -21,6 +22,33 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+class NotRegular(OSError):
+    """A path that is a FIFO, a device, a socket or a folder where a file was expected."""
+
+
+def read_regular(path: str | os.PathLike[str], limit: int = 64 << 20) -> bytes:
+    """The bytes of a regular file, at most `limit`; NotRegular for anything else.
+
+    Opened without blocking (a FIFO planted where a manifest should be would otherwise hang
+    the reader until someone writes to it) and checked on the open descriptor, so a file
+    swapped in between cannot slip past the check.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(f"{path} is larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:

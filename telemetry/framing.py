@@ -14,6 +14,7 @@ from telemetry.errors import ProtocolError
 
 MAX_MESSAGE_BYTES = 1 << 20
 FEED_SLICE = 64 << 10  # bytes fed to an Unpacker at a time; its buffer holds one message + this
+START_BUFFER = 4 << 10  # an Unpacker's first buffer: a signed command is a few hundred bytes
 
 
 def pack(obj: Any) -> bytes:
@@ -46,9 +47,12 @@ class Decoder:
     trustworthy): every later `feed` raises, and the connection should be closed.
     """
 
-    def __init__(self, max_message: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, max_message: int = MAX_MESSAGE_BYTES, start: int = START_BUFFER) -> None:
         self._unpacker = msgpack.Unpacker(
             max_buffer_size=max_message + FEED_SLICE,
+            # The buffer it allocates up front (msgpack's default: 1 MiB, whatever comes):
+            # small, grown by need up to the limit. A stranger's connection costs this.
+            read_size=min(start, max_message + FEED_SLICE),
             max_str_len=max_message,
             max_bin_len=max_message,
             max_array_len=max_message,

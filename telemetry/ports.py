@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry import rundir
-from telemetry.files import atomic_write
+from telemetry.files import atomic_write, read_regular
 from telemetry.protocol import DEFAULT_PORT_BASE
 
 STEP = 100  # candidate bases go up in steps of this many ports
@@ -146,7 +146,7 @@ def read(run_dir: str | Path) -> RecordedPorts | None:
     """The run's recorded ports, or None when it has none; ValueError if it is unreadable."""
     path = ports_path(run_dir)
     try:
-        data = path.read_bytes()
+        data = read_regular(path, 1 << 16)
     except FileNotFoundError:
         return None
     except OSError as e:

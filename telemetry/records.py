@@ -122,6 +122,13 @@ class Update(Message):
     mem_pressure: float | None = None  # 0..1 where the OS reports it (macOS), else None
     tokens_per_s: float = 0.0  # this rank's tokens / update_s
     simulated: bool = False  # a simulated slowdown was applied on this rank
+    # Memory policy (trainer/memory.py); 0 where unknown (older peers and logs)
+    mem_budget: int = 0  # bytes this rank may use: --memory-limit-gb, or auto's machine share
+    mem_limit: int = 0  # MLX's memory limit in force, bytes (0 = none: MLX's default)
+    live_mem: int = 0  # the update's live set as last measured (peak under a tight limit)
+    # Optimizer sharding (trainer/shard.py); an unsharded rank holds all of it (share 1.0)
+    opt_share: float = 1.0  # fraction of the parameters this rank steps (--shard-optimizer)
+    resident_mem: int = 0  # bytes of master weights + optimizer state this rank holds
     # Tensor parallelism: the update's per-block all-reduces (inside compute_s), from a probe
     # of the same transfers at the run's start; 0 in data parallelism.
     collective_s: float = 0.0

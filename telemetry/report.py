@@ -10,7 +10,7 @@ from typing import Any
 from telemetry.arrowlog import log_dir, log_ranks, read_events, read_updates
 from telemetry.errors import TelemetryError
 from telemetry.records import Event
-from telemetry.units import GiB
+from telemetry.units import size_text
 
 
 def _median(values: list[float]) -> float | None:
@@ -24,7 +24,7 @@ def _ratio(new: float | None, old: float | None) -> float | None:
     return new / old - 1.0
 
 
-def _by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per step, in order; a step logged twice (a resume replayed it) keeps the last."""
     latest: dict[int, dict[str, Any]] = {}
     for row in rows:
@@ -45,6 +45,9 @@ def _rank_figures(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": sum(r["local_tokens"] for r in rows) / update_s if update_s else None,
         "wait_share": sum(r["wait_s"] for r in rows) / update_s if update_s else None,
         "simulated": any(r.get("simulated") for r in rows),
+        # --shard-optimizer (issue 20): the share stepped and the bytes held, as last logged
+        "opt_share": (rows[-1].get("opt_share") or 1.0) if rows else 1.0,
+        "resident_mem": (rows[-1].get("resident_mem") or 0) if rows else 0,
     }
 
 
@@ -78,7 +81,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             f"no telemetry logs in {log_dir(run_dir)} (is {run_dir} a run folder? each rank "
             "writes telemetry/rank-N.arrow there)"
         )
-    per_rank = {r: _by_step(read_updates(run_dir, r).to_pylist()) for r in ranks}
+    per_rank = {r: by_step(read_updates(run_dir, r).to_pylist()) for r in ranks}
     events = read_events(run_dir)
     ranks_out = [_rank_figures(r, rows) for r, rows in per_rank.items() if rows]
 
@@ -172,7 +175,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             }
             for e in _unique(events, "restarted")
         ],
-        "events": dict(Counter(e.kind for e in events)),
+        # One count per event, not per rank: a pause of 4 ranks is one pause.
+        "events": dict(
+            Counter(kind for kind, _, _ in {(e.kind, e.step, e.message) for e in events})
+        ),
         "problems": [
             {"rank": e.rank, "step": e.step, "kind": e.kind, "message": e.message}
             for e in events
@@ -188,8 +194,8 @@ def _ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
 
 
-def _gib(n: int | None) -> str:
-    return "-" if not n else f"{n / GiB:.2f} GiB"
+def _size(n: int | None) -> str:
+    return "-" if not n else size_text(n)
 
 
 def _pct(r: float | None, signed: bool = False) -> str:
@@ -200,13 +206,27 @@ def _rate(r: float | None) -> str:
     return "-" if r is None else f"{r / 1000:.1f}k" if r >= 1000 else f"{r:.0f}"
 
 
+def wide_console() -> Any:
+    """A rich Console; piped (`fleet report RUN | less`), as wide as its tables need instead of
+    rich's 80 columns, which cut "update" to "updat…" (COLUMNS still wins)."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(width=PIPED_WIDTH) if piped else Console()
+
+
+PIPED_WIDTH = 200
+
+
 def render(summary: dict[str, Any], console: Any = None) -> None:
     """Print a summary as rich tables."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    console = console or wide_console()
     console.print(
         f"[bold]{escape(summary['run_dir'])}[/]: {summary['world_size']} rank(s), "
         f"{summary['steps']} updates, {summary['tokens']:,} tokens, "
@@ -227,11 +247,19 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
             _ms(f["median_wait_s"]),
             _ms(f["median_transfer_s"]),
             _ms(f["median_update_s"]),
-            _gib(f["peak_mem"]),
+            _size(f["peak_mem"]),
             _rate(f["tokens_per_s"]) + mark,
             _pct(f["wait_share"]),
         )
     console.print(table)
+    if any(f["opt_share"] < 1 for f in summary["ranks"]):
+        console.print(
+            "Optimizer sharded (share, master weights + state held): "
+            + ", ".join(
+                f"rank {f['rank']} {f['opt_share']:.1%} {_size(f['resident_mem'])}"
+                for f in summary["ranks"]
+            )
+        )
     if s := summary.get("straggler"):
         console.print(
             f"Straggler: rank {s['rank']}, median compute {_ms(s['median_compute_s'])}, "
@@ -264,7 +292,11 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
     if best := summary.get("best"):
         console.print(f"Best validation loss: {best['val_loss']:.4f} at update {best['step']}")
     for s in summary.get("stops", []):
-        console.print(f"Stopped at update {s['step']}: {escape(s['message'])}")
+        if s["reason"] == "early stop":  # its message says why, without the words again
+            console.print(f"Stopped early at update {s['step']}: {escape(s['message'])}")
+        else:  # "stopped by Ctrl-C (SIGINT)"
+            how = escape(s["message"].removeprefix("stopped "))
+            console.print(f"Stopped at update {s['step']} {how}")
     if summary["rebalances"]:
         moves = Table(title="Rebalances (medians before -> after)")
         for col in ("step", "from", "to", "update time", "change", "global tok/s", "change"):

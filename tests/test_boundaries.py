@@ -27,6 +27,7 @@ FORBIDDEN = {
     "console": {"trainer", "mlx"},
     "trainer.data": {"mlx"},
     "trainer.launch": {"mlx"},
+    "trainer.sweep": {"mlx"},
 }
 
 
@@ -116,6 +117,10 @@ VIOLATIONS = {
     "launch-mlx": (
         {"trainer/launch/_violation.py": "import mlx.core\n"},
         "the launcher starts ranks but is none",
+    ),
+    "sweep-mlx": (
+        {"trainer/sweep/_violation.py": "from trainer import builder\n"},
+        "the sweep controller starts trials but trains nothing",
     ),
     "wing-imports-the-loop": (
         {"trainer/model/_violation.py": "from trainer import run\n"},

@@ -109,3 +109,24 @@ def test_resume_with_more_updates_says_the_schedule_is_stretched(tmp_path):
     assert schedule_note(base, lr, {"lr": 1e-3}, ckpt).startswith(
         "--lr 0.001 (was 0.002): the learning-rate schedule changes; at update 30"
     )
+
+
+def test_every_bench_flag_has_help_and_its_default():
+    """Issue 18, defect 14: `fleet bench ... --help` listed flags without text or defaults."""
+    parser = argparse.ArgumentParser(prog="fleet bench")
+    from bench.cli import configure
+
+    configure("bench", parser)
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in action.choices.items():
+        if name.startswith("_"):
+            continue
+        text = " ".join(sub.format_help().split())
+        for a in sub._actions:
+            if not a.option_strings or a.dest == "help":
+                continue
+            assert a.help, f"bench {name} {a.option_strings[0]} has no help"
+            quiet = a.default in (None, False, "", []) or a.default is argparse.SUPPRESS
+            if not quiet:
+                assert f"(default: {a.default})" in text, f"bench {name} {a.option_strings[0]}"
+    assert "_worker" not in parser.format_help()

@@ -1,6 +1,8 @@
 """Alerts that reach a person: an `alert` event in the log (the console shows it), and with
 --alert-command the user's command run with the alert as JSON on its standard input (a
-notifier, a chat webhook), at most once per kind every --alert-every seconds.
+notifier, a chat webhook), at most once per kind every --alert-every seconds. The JSON says
+which run: {"kind", "message", "time", "run_id", "run_dir", "host", "rank", ...the alert's
+figures, such as "step"}.
 
 Rank 0 raises them: it sees every rank's figures at each boundary. What it watches besides
 memory (trainer/autopilot.py): the loss (NaN, or a spike far above its average) and the
@@ -23,7 +25,9 @@ WARMUP = 20  # updates before the loss and throughput are judged (compilation, w
 
 
 class Alerts:
-    """Raise alerts; `emit(kind, message, data)` logs the event."""
+    """Raise alerts; `emit(kind, message, data)` logs the event. `identity` (run_id, run_dir,
+    host, rank) goes into every alert the command reads, so one notifier can serve several
+    runs and say which one needs a person."""
 
     def __init__(
         self,
@@ -31,8 +35,10 @@ class Alerts:
         every: float,
         emit: Callable[[str, str, dict[str, Any]], None],
         clock: Callable[[], float] = time.monotonic,
+        identity: dict[str, Any] | None = None,
     ) -> None:
         self.command, self.every, self.emit, self.clock = command, every, emit, clock
+        self.identity = dict(identity or {})
         self.last: dict[str, float] = {}
         self.children: list[subprocess.Popen] = []
         self.loss_avg: float | None = None
@@ -48,7 +54,8 @@ class Alerts:
         self.last[kind] = now
         self.emit("alert", f"{kind}: {message}", {"alert": kind, **data})
         if self.command:
-            self._run({"kind": kind, "message": message, "time": time.time(), **data})
+            alert = {"kind": kind, "message": message, "time": time.time(), **self.identity}
+            self._run({**alert, **data})
         return True
 
     def watch(self, step: int, loss: float, tokens_per_s: float) -> None:

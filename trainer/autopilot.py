@@ -3,11 +3,15 @@
 It sees, at every boundary, each rank's compute time, peak memory and swap of the last
 update (they ride the control all-reduce, trainer/controller.py). Two duties:
 
-- **Rebalance** when the balancer (telemetry/balance.py) predicts a gain of at least
-  `min_gain` for `window` boundaries in a row, from each rank's median compute per sample
-  over its recent updates; then wait `cooldown` updates before the next change. The global
-  batch never changes, so neither does the math. A fixed slowdown converges within two
-  changes; noise alone does not move a median enough to predict a gain a whole window long.
+- **Rebalance** to the split the balancer (telemetry/balance.py) predicts fastest from each
+  rank's cost per sample (trainer/costs.py: relative to its peers, in regimes, with a
+  standard error). Of the splits that fast, it takes the nearest to the current one (fewest
+  samples moved), and moves only when every sample goes from a rank clearly slower than
+  where it lands, the gain is at least `min_gain` and beyond what the noise explains, and
+  the same split was proposed at two boundaries in a row. After a change it waits
+  `cooldown` updates, unless a rank's cost moved since (a new regime): a sustained change is
+  then followed within about `Costs.recent` + 3 updates. The global batch never changes, so
+  neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -26,13 +30,18 @@ from typing import Any
 
 from telemetry import balance
 from telemetry.units import GiB, MiB
+from trainer.costs import Costs
 
 SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
-# A rank whose compute per sample deviates from its median by as much as the median itself
-# (the median deviation, relative) is not read at all. Below that the median is trusted: a
-# shared 2-core machine showed deviations of 0.3-0.8 while the medians stayed within a few %.
-STEADY = 1.0
+MIN_FIGURES = 4  # figures of a rank's regime before its cost is acted on
+HOLD = 2  # boundaries in a row that must propose the same split
+SETTLED = 8  # figures from which a rank's cost counts as well read
+Z_YOUNG = 2.0  # standard errors a move must clear while a rank's cost is read from fewer
+Z_AGREE = 3.0  # two ranks' costs closer than this many standard errors agree within the noise
+Z_GAIN = 1.0  # standard errors the predicted gain itself must clear
+POOL_MAX = math.log(1.3)  # ranks further apart than 30% are never pooled, however noisy
+TIE = 0.02  # splits predicted within this fraction of the fastest count as fast as it
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,13 @@ class Autopilot:
     pause_on_pressure: bool = False
 
     def __post_init__(self) -> None:
-        # The last `window` updates of each rank since the last change: costs per sample are
-        # read as medians, so a change of split needs no history, and a slowdown that moves
-        # is seen within a window instead of being averaged with the past.
+        # Compute costs per sample, in regimes (trainer/costs.py); the first figure of the
+        # run is a compile and is not read.
+        self.costs = Costs(self.world, window=max(20, 2 * self.window))
+        self.costs.skip = set(range(self.world))
+        self.fresh: set[int] = set()  # ranks whose cost moved since the last change
+        self.last_split: list[int] | None = None
+        # Memory per sample, and swap: the last `window` updates since the last change.
         self.samples: list[deque[balance.RankSample]] = [
             deque(maxlen=self.window) for _ in range(self.world)
         ]
@@ -84,10 +97,17 @@ class Autopilot:
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
         out = Decision()
+        if self.last_split is not None and split != self.last_split:
+            # The split changed (ours, or an operator's): the ranks whose batch changed just
+            # ran their first update at it (a recompile), and may cost otherwise per sample.
+            changed = [r for r in range(self.world) if split[r] != self.last_split[r]]
+            self.costs.restart(changed)
+        self.last_split = list(split)
         for r, f in enumerate(figures):
             if f.local_batch > 0 and f.compute_s > 0:
                 self.samples[r].append(balance.RankSample(f.local_batch, f.compute_s, int(f.peak)))
             self.swaps[r].append(f.swap)
+        self.fresh |= set(self.costs.add(split, [f.compute_s for f in figures]))
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
         self.recent.append(slowest)
@@ -102,7 +122,7 @@ class Autopilot:
             self.pressed_before = set(pressed)
         elif pressed:
             self._relieve(split, pressed, out)
-        elif self.enabled and self.since_change >= self.cooldown:
+        elif self.enabled:
             self._rebalance(split, out)
         if not pressed:
             self.pressed_before = set()
@@ -153,44 +173,88 @@ class Autopilot:
 
     # --- speed --------------------------------------------------------------------------------
     def _models(self) -> list[balance.RankModel]:
-        """Each rank's cost from the medians of its recent updates: a busy moment on a shared
-        machine moves a least-squares fit, not a median. Compute is taken as proportional to
-        the batch (the fixed cost is small next to the microsteps), memory likewise."""
+        """Each rank's model for the balancer: compute proportional to the batch, at its
+        relative cost per sample (trainer/costs.py); memory per sample from the medians of
+        its recent updates."""
         models = []
         for r, samples in enumerate(self.samples):
-            per = [s.compute_s / s.local_batch for s in samples]
-            mid = statistics.median(per)
-            spread = statistics.median(abs(p - mid) for p in per) / mid if mid > 0 else 1.0
+            est = self.costs.estimate(r)
             per_mem = statistics.median(s.peak_mem / s.local_batch for s in samples)
-            models.append(
-                balance.RankModel(r, 0.0, mid, 0, int(per_mem), None, len(per), True, "", spread)
-            )
+            cost = est.cost if est is not None else 1.0
+            models.append(balance.RankModel(r, 0.0, cost, 0, int(per_mem), None, 0, True))
         return models
 
     def _rebalance(self, split: list[int], out: Decision) -> None:
-        models = self._models()
-        try:
-            prop = balance.propose(models, sum(split), self.headroom, current=split)
-        except balance.BalanceError:
+        new, gain, why_not = self._proposal(split)
+        if why_not:
             self.streak = None
             return
-        steady = all(m.noise < STEADY and m.n >= self.window for m in models)
-        if not steady or prop.gain is None or prop.gain < self.min_gain or prop.split == split:
-            self.streak = None
+        held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
+        self.streak = (new, held)
+        if held < HOLD:
             return
-        # The gain must hold `window` boundaries in a row; ties between equal ranks may flip
-        # the proposal, so what must hold is the gain, and the newest proposal is taken.
-        self.streak = (prop.split, self.streak[1] + 1 if self.streak else 1)
-        if self.streak[1] < self.window:
-            return
-        reason = f"autopilot: predicted {prop.gain:.0%} faster, held {self.window} updates"
-        out.commands.append(("rebalance", {"split": prop.split, "reason": reason}))
+        moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
+        reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")
+        out.commands.append(("rebalance", {"split": new, "reason": reason}))
         before = sorted(self.recent)[len(self.recent) // 2]
-        self._changed(split, prop.split, prop.gain, before)
+        self._changed(split, new, gain, before)
+
+    def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
+        """(the split to move to, its predicted gain, "") or why not now."""
+        est = [self.costs.estimate(r) for r in range(self.world)]
+        if any(e is None or e.n < MIN_FIGURES for e in est):
+            return split, 0.0, "too few figures"
+        if not all(self.costs.confirmed(r) for r in range(self.world)):
+            return split, 0.0, "a rank's new speed is not confirmed yet"
+        # Ranks whose costs agree within the noise are one cost to the balancer: a split that
+        # favours one of them over another would rest on noise.
+        costs = pooled([e.cost for e in est], [e.se for e in est])
+        models = self._models()
+        for m, c in zip(models, costs, strict=True):
+            m.per_sample_s = c
+        try:
+            best = balance.propose(models, sum(split), self.headroom)
+        except balance.BalanceError as e:
+            return split, 0.0, str(e)
+        new = nearest(split, costs, best.predicted_s * (1 + TIE), best.caps)
+        if new == split:
+            return split, 0.0, "the split is as fast as any"
+        before = [c * b for c, b in zip(costs, split, strict=True)]
+        after = [c * b for c, b in zip(costs, new, strict=True)]
+        gain = 1 - max(after) / max(before)
+        # Within `cooldown` updates of a change (and no rank's cost moved since), only a
+        # gain twice as large: small corrections wait, so noise cannot swing the split.
+        calm = self.since_change < self.cooldown and not self.fresh
+        if gain < self.min_gain * (2 if calm else 1):
+            return split, gain, "too little to gain"
+        # Every sample moved goes from a rank clearly slower than where it lands. Between
+        # ranks whose costs agree within the noise, only the batches can say so (the giver
+        # had more samples than the taker will): a swap between equals is never made.
+        donors = [r for r in range(self.world) if new[r] < split[r]]
+        takers = [r for r in range(self.world) if new[r] > split[r]]
+        for d in donors:
+            for t in takers:
+                noise = math.hypot(est[d].se, est[t].se)
+                young = min(est[d].n, est[t].n) < SETTLED
+                if young:  # a cost read from few figures: only clear evidence moves samples
+                    if math.log(before[d] / after[t]) < Z_YOUNG * noise:
+                        return split, gain, f"rank {d} is not clearly slower than rank {t}"
+                elif abs(math.log(costs[d] / costs[t])) < Z_AGREE * noise:
+                    if split[d] <= new[t]:
+                        return split, gain, f"ranks {d} and {t} cost the same within the noise"
+                elif before[d] <= after[t]:
+                    return split, gain, f"rank {t} would end slower than rank {d} began"
+        # ... and the gain is more than the noise of the two ranks that decide it
+        a = max(range(self.world), key=lambda r: before[r])
+        c = max(range(self.world), key=lambda r: after[r])
+        if a != c and math.log(before[a] / after[c]) < Z_GAIN * math.hypot(est[a].se, est[c].se):
+            return split, gain, "a gain within the noise"
+        return new, gain, ""
 
     def _changed(self, old: list[int], new: list[int], gain: float, before: float | None) -> None:
         self.since_change = 0
         self.streak = None
+        self.fresh = set()
         self.recent.clear()
         for s in (*self.swaps, *self.samples):
             s.clear()
@@ -221,3 +285,45 @@ class Autopilot:
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
         out.events.append(("autopilot", text, data))
+
+
+def nearest(
+    split: list[int], costs: list[float], target: float, caps: list[int | None]
+) -> list[int]:
+    """The split nearest to `split` (fewest samples moved) under which no rank's predicted
+    time (cost x batch) exceeds `target`: ranks over it keep what fits, the rest goes, one
+    sample at a time, to the rank that would be done soonest with it. Ranks of equal cost
+    never trade samples: only a rank over the target gives, only one under it takes."""
+    room = [
+        min(max(1, math.floor(target / c + 1e-9)), cap if cap is not None else 1 << 30)
+        for c, cap in zip(costs, caps, strict=True)
+    ]
+    new = [min(b, r) for b, r in zip(split, room, strict=True)]
+    for _ in range(sum(split) - sum(new)):
+        open_ = [r for r in range(len(new)) if new[r] < room[r]]
+        if not open_:
+            return split  # the target cannot hold the global batch: stay
+        r = min(open_, key=lambda r: (costs[r] * (new[r] + 1), r))
+        new[r] += 1
+    return new
+
+
+def pooled(costs: list[float], ses: list[float], z: float = Z_AGREE) -> list[float]:
+    """Costs with the ranks that agree within `z` standard errors of their neighbours (in
+    order of cost) replaced by their group's weighted mean (in log space)."""
+    order = sorted(range(len(costs)), key=lambda r: costs[r])
+    groups: list[list[int]] = []
+    for r in order:
+        last = groups[-1][-1] if groups else None
+        band = min(z * math.hypot(ses[r], ses[last]), POOL_MAX) if last is not None else 0.0
+        if last is not None and math.log(costs[r] / costs[last]) < band:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    out = list(costs)
+    for g in groups:
+        weights = [1 / max(ses[r], 1e-6) ** 2 for r in g]
+        mean = sum(w * math.log(costs[r]) for w, r in zip(weights, g, strict=True)) / sum(weights)
+        for r in g:
+            out[r] = math.exp(mean)
+    return out

@@ -3,9 +3,11 @@ state (fresh or from a verified checkpoint), the compiled update, telemetry."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import psutil
 
-from telemetry import auth, rundir
+from telemetry import rundir
 from telemetry.control import CommandQueue
 from telemetry.files import atomic_write
 from telemetry.hub import Hub, ServerOptions
@@ -26,16 +28,22 @@ from trainer.checkpoint import catalog, store
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.dataset import Dataset, SyntheticStream, TrainStream
 from trainer.distributed import Cluster, Watchdog
+from trainer.keeper import Keeper
 from trainer.model import tensor
 from trainer.model.config import ModelConfig, padded_vocab
 from trainer.model.gpt import GPT
 from trainer.optim import make_optimizer
 from trainer.parallel import Layout, LayoutError, make_layout, probe_collectives
 from trainer.run import Data, Run
+from trainer.shard import open_shard
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper
 
 SYNTHETIC_VOCAB, SYNTHETIC_SEQ_LEN = 512, 256
+
+
+def warn(message: str) -> None:
+    print(f"fleet train: warning: {message}", file=sys.stderr, flush=True)
 
 
 def open_run(
@@ -56,16 +64,19 @@ def open_run(
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
         resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
-        atomic_write(rundir.at(run_dir).config, resolved)
+        try:
+            atomic_write(rundir.at(run_dir).config, resolved)
+        except OSError as e:  # a full disk: the run goes on (each checkpoint has its own copy)
+            warn(f"could not write {rundir.at(run_dir).config} ({e.strerror or e}); going on")
 
-    # --- device, memory limits, data, model and optimizer
+    # --- device, memory limits, data, model and its layout over the ranks
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
-    applied = memory.apply_limits(
-        cfg.per_rank("cache_limit_gb", world, rank),
-        cfg.per_rank("memory_limit_gb", world, rank),
-        cfg.per_rank("wired_limit_gb", world, rank),
+    limit = memory.Limit.from_setting(cfg.memory_limit(world, rank), ranks_here(cluster))
+    applied = [line] if (line := limit.apply()) else []
+    applied += memory.apply_limits(
+        cfg.per_rank("cache_limit_gb", world, rank), cfg.per_rank("wired_limit_gb", world, rank)
     )
     if mx.cuda.is_available():
         applied.append(graphs)
@@ -93,8 +104,9 @@ def open_run(
     state, opt_state = LoopState(split=split), None
     if resume is not None:
         catalog.check_compatible(catalog.verify(resume), identity, resume)
-        params, opt_state = store.load_arrays(resume)
-        model.update(params)
+        if not cfg.shard_optimizer:  # sharded, open_shard reads this rank's rows
+            params, opt_state = store.load_arrays(resume)
+            model.update(params)
         state = LoopState.from_json(catalog.read_json(resume, catalog.STATE), split)
     # Tensor parallelism: each rank keeps its slice of the whole model (and of its moments).
     if layout.tensor_group is not None:
@@ -105,7 +117,6 @@ def open_run(
     optimizer.init(model.trainable_parameters())
     if opt_state is not None:
         optimizer.state = opt_state
-    mx.eval(model.parameters(), optimizer.state)
     if resume is not None:
         say(
             f"resumed from {resume} at update {state.step} "
@@ -119,6 +130,16 @@ def open_run(
         return next((f for at, f in reversed(slowdown) if state.step >= at), 1.0)
 
     slowed = any(f > 1 for _, f in slowdown)
+    shard = templates = None
+    if "optimizer_shares" in explicit and not cfg.shard_optimizer:
+        raise ConfigError(
+            "--optimizer-shares applies to a sharded optimizer: add --shard-optimizer, or "
+            "leave the shares out"
+        )
+    if cfg.shard_optimizer:
+        shard, templates = open_shard(cfg, cluster, model, optimizer, limit.budget, resume)
+        applied.append(f"optimizer sharded: this rank steps {shard.fraction:.1%} of it")
+    mx.eval(model.parameters(), optimizer.state)
     stepper = (SlowedStepper if slowed else Stepper)(
         model,
         optimizer,
@@ -126,11 +147,24 @@ def open_run(
         pad_id=data.pad_id,
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
+        loss_head=cfg.loss_head,
         grad_checkpoint=cfg.grad_checkpoint,
+        shard=shard,
+        templates=templates,
         tensor_group=layout.tensor_group,
         **({"factor": factor} if slowed else {}),
     )
+    stepper.limit = limit
     commands = CommandQueue()
+    keeper = Keeper(run_dir, warn) if cluster.is_root else None  # the key, kept in memory
+    reporter = open_telemetry(
+        cfg, cluster, commands, split[layout.replica], layout, say, explicit, keeper
+    )
+    if cfg.report_to and cluster.is_root:  # once per run, not once per rank
+        from telemetry.trackers import TrackerReporter
+
+        project, config = cfg.project_name, cfg.to_dict()
+        reporter = TrackerReporter.open(reporter, cfg.report_to, project, run_dir, config)
     run = Run(
         cfg=cfg,
         cluster=cluster,
@@ -142,12 +176,14 @@ def open_run(
         data=data,
         identity=identity,
         banner=banner(cfg, model, data, layout, split, applied),
-        reporter=open_telemetry(
-            cfg, cluster, commands, split[layout.replica], layout, say, explicit
-        ),
+        reporter=reporter,
         commands=commands,
         saved_at=state.step if resume is not None else None,
+        last_saved=resume,  # a resumed run has a checkpoint to go back to from the start
+        keeper=keeper,
     )
+    if keeper is not None:
+        keeper.remember()
     run.pilot = Autopilot(
         world,
         enabled=cfg.autopilot and layout.tensor == 1,
@@ -163,16 +199,30 @@ def open_run(
         model.cfg.depth,
         mx.float32 if cfg.precision == "fp32" else mx.bfloat16,
     )
-    run.alerts = Alerts(cfg.alert_command, cfg.alert_every, run.tell)
+    who = {"run_id": run_id_of(run_dir), "run_dir": str(run_dir.resolve()), "rank": rank}
+    run.alerts = Alerts(
+        cfg.alert_command, cfg.alert_every, run.tell, identity={**who, "host": socket.gethostname()}
+    )
     run.extra_peak = (cfg.per_rank("simulate_peak_gb", world, rank) or 0.0) * memory.GiB
     run.watchdog = Watchdog(
-        cfg.collective_timeout, rank, on_expire=run.on_fatal, beat=run.beat, diagnose=run.culprit
+        cfg.collective_timeout,
+        rank,
+        on_expire=run.on_fatal,
+        beat=run.beat,
+        diagnose=run.culprit,
+        world=world,
     )
     if cluster.is_root:  # beats of ranks a larger fleet left behind would name ghosts
         for r in range(world, world + 64):
             heartbeat.clear(run_dir, r)
     run.beat("starting", time.time())
     return run
+
+
+def ranks_here(cluster: Cluster) -> int:
+    """How many of the run's ranks share this machine (and so its memory): a collective."""
+    mine = hashlib.sha256(socket.gethostname().encode()).digest()[:8]
+    return cluster.gather_bytes(mine).count(mine)
 
 
 def build_model(cfg: TrainConfig, data: Data) -> GPT:
@@ -287,6 +337,7 @@ def open_telemetry(
     layout: Layout,
     say: Callable[[str], None],
     explicit: frozenset[str] = frozenset(),
+    keeper: Keeper | None = None,
 ) -> Reporter:
     """This rank's telemetry hub (socket and Arrow log); rank 0's takes commands.
 
@@ -325,7 +376,7 @@ def open_telemetry(
         port=port,
         unix_socket=cfg.telemetry_unix_socket,
         commands=commands if cluster.is_root else None,
-        key=auth.ensure_key(run_dir) if cluster.is_root else None,  # kept across resumes
+        key=keeper.control_key() if keeper is not None else None,  # kept across resumes
     )
     hub.start()
     if cluster.is_root:

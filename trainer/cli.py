@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,11 +70,13 @@ def run(name: str, args: argparse.Namespace) -> int:
 def train_command(args: argparse.Namespace) -> int:
     """Resolve the config (defaults < checkpoint < --config < flags), then run the loop."""
     from telemetry.errors import TelemetryError
+    from trainer import lock
     from trainer.checkpoint import catalog
     from trainer.config import FIELDS, ConfigError, explicit, from_args
     from trainer.data.dataset import DatasetError
     from trainer.data.tokenizer import TokenizerError
     from trainer.distributed import Cluster, WrongGroup
+    from trainer.launch.restart import restart_record
     from trainer.train import train as loop
 
     try:
@@ -90,10 +93,12 @@ def train_command(args: argparse.Namespace) -> int:
     who = f"fleet train: rank {cluster.rank}" if cluster.size > 1 else "fleet train"
     try:
         given = explicit(args)
+        run_dir = given.get("run_dir") or FIELDS["run_dir"].default
+        # One writer per run folder per host, before anything in it is read or moved.
+        lock.hold(run_dir, cluster.rank, cluster.size, cluster.all_sum_floats)
         resume_path, base = None, None
         which = given.get("resume", "")
         if which:
-            run_dir = given.get("run_dir") or FIELDS["run_dir"].default
             resume_path, manifest, warnings = catalog.resolve(run_dir, which)
             for w in warnings:
                 print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
@@ -110,7 +115,7 @@ def train_command(args: argparse.Namespace) -> int:
                 )
             base = catalog.read_json(resume_path, catalog.CONFIG)
             # A resumed run keeps the checkpoint's settings, except how this session ends.
-            session = ("stop_at", "resume_disagreeing")
+            session = ("stop_at", "resume_disagreeing", "overwrite")
             base = {k: v for k, v in base.items() if k in FIELDS and k not in session}
             if "seed" in given and given["seed"] != base.get("seed", given["seed"]):
                 raise ConfigError(
@@ -119,6 +124,18 @@ def train_command(args: argparse.Namespace) -> int:
                     "drop --seed to resume, or start a new --run-dir"
                 )
         cfg = from_args(args, base)
+        if which and cfg.overwrite:
+            raise ConfigError(
+                "--overwrite starts a new run, --resume continues the one in --run-dir: "
+                "give one of them"
+            )
+        # A new run takes a folder without a run in it; a relaunch by `fleet launch
+        # --restarts` that had nothing to resume from goes on in its own folder.
+        fresh = not which and restart_record() is None
+        if fresh and (why := claim_run_folder(cfg.run_dir, cfg.overwrite, cluster, who)):
+            if why.text:  # one rank speaks for the ranks that share its folder
+                print(f"{who}: error: {why.text}", file=sys.stderr, flush=True)
+            return 2
         if base is not None and cluster.is_root:
             note = schedule_note(base, cfg, given, resume_path)
             if note:
@@ -133,6 +150,38 @@ def train_command(args: argparse.Namespace) -> int:
     ) as e:
         print(f"{who}: error: {e}", file=sys.stderr, flush=True)
         return 2
+
+
+@dataclass
+class Refusal:
+    """A new run refused its folder; `text` is "" on the ranks that leave the telling to
+    another (rank 0, or the first rank of another host)."""
+
+    text: str
+
+
+def claim_run_folder(run_dir: str, overwrite: bool, cluster, who: str) -> Refusal | None:
+    """A new run takes a folder that holds no run: refuse one that does (every rank looks at
+    its own host's folder, and all refuse together), or with --overwrite move the old run
+    aside first. Two tiny all-reduces: no rank writes into its folder before every host's
+    old run is out of the way."""
+    from telemetry import rundir
+
+    held = rundir.held(run_dir)
+    holding = [0.0] * cluster.size
+    holding[cluster.rank] = 1.0 if held else 0.0
+    holding = cluster.all_sum_floats(holding)
+    if not any(holding):
+        return None
+    if not overwrite:
+        # Rank 0 says it for every rank of its host; a rank of another host says it only
+        # when rank 0's folder is free (the same words from N ranks help nobody).
+        speaks = held and (cluster.is_root or not holding[0])
+        return Refusal(rundir.refusal(run_dir, held) if speaks else "")
+    if held and (moved := rundir.move_aside(run_dir)) is not None:
+        print(f"{who}: --overwrite: moved the run in {run_dir} to {moved}", flush=True)
+    cluster.barrier()
+    return None
 
 
 # --- `fleet export` and `fleet sample`: a trained checkpoint, used -------------------------
@@ -196,8 +245,11 @@ def sample_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="text to continue; '' starts a new document (default: the run's --prompt)",
     )
+    # mlx-lm's names too (mlx_lm.generate --max-tokens --temp): one habit serves both tools
     parser.add_argument(
         "--tokens",
+        "--max-tokens",
+        dest="tokens",
         type=int,
         default=200,
         metavar="N",
@@ -205,6 +257,8 @@ def sample_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--temperature",
+        "--temp",
+        dest="temperature",
         type=float,
         default=0.8,
         metavar="T",

@@ -40,10 +40,11 @@ def _autopilot(run: Run, action: Action) -> dict[str, Any]:
 
 
 def _stop(run: Run, action: Action) -> dict[str, Any]:
-    run.stopping = True
+    by = "a stop command" if action.reason == "command" else action.reason
+    run.stopping, run.stop_reason = True, f"by {by}"
     path = str(run.save() or "")
-    run.event("stopped", f"stopped by {action.reason}", checkpoint=path, reason=action.reason)
-    return {"path": path}
+    run.event("stopped", f"stopped by {by}", checkpoint=path, reason=action.reason)
+    return {"path": path, "resume": run.resume_command()}
 
 
 # One handler per command of the one command table; "none" and "keepalive" do nothing.

@@ -31,6 +31,11 @@ class TrainConfig:
     # --- data and run folder
     data: str = _f("", "dataset folder written by `fleet prepare`")
     run_dir: str = _f("runs/default", "run folder: config, checkpoints, telemetry logs")
+    overwrite: bool = _f(
+        False,
+        "start a new run in a --run-dir that holds one: the old run is first moved aside to "
+        "RUN.old-<time> (nothing is deleted); without it a new run refuses such a folder",
+    )
     synthetic: bool = _f(False, "random tokens and fresh weights, for benchmarks (no --data)")
     seq_len: int = _f(0, "sequence length (0 = the dataset's; 256 with --synthetic)")
     seed: int = _f(0, "seed for weights, sample order and sampling")
@@ -53,11 +58,19 @@ class TrainConfig:
         "fp32, bf16, or mixed (FP32 master weights and optimizer state, bf16 compute)",
         choices=("fp32", "bf16", "mixed"),
     )
+    loss_head: str = _f(
+        "auto",
+        "the loss head: fused (the loss and its gradients in one pass, chunk by chunk: one "
+        "chunk's logits at a time, in the compute dtype, none kept for the backward pass; "
+        "FP32 log-sum-exp), plain (autodiff, FP32 logits), or auto (fused from a vocabulary "
+        "of 4096 on)",
+        choices=("auto", "fused", "plain"),
+    )
     loss_chunk: int = _f(
         0,
-        "tokens per chunk of the loss head (0 = all at once): only one chunk's logits exist at "
-        "a time, each chunk's gradients computed with its loss (saves memory at large "
-        "vocabularies)",
+        "tokens per chunk of the fused loss head (0 = sized by the vocabulary: one chunk's "
+        "logits hold at most 2**26 entries on a GPU, 2**22 on the CPU); a number asks for the "
+        "fused head under --loss-head auto",
     )
     grad_checkpoint: bool = _f(
         False,
@@ -107,8 +120,30 @@ class TrainConfig:
     grad_clip: float = _f(1.0, "clip gradients to this global norm (0 = never)")
     # --- memory
     cache_limit_gb: str = _f("", "MLX allocation cache cap in GiB: one value, or one per rank")
-    memory_limit_gb: str = _f("", "MLX memory limit in GiB: one value, or one per rank")
+    memory_limit_gb: str = _f(
+        "auto",
+        "MLX memory limit in GiB, one value or one per rank: auto (each rank measures its "
+        "update's live set at its first update and after a change of its local batch, and sets "
+        "the limit to 5%% above it, so the peak is the live set; never above what its machine "
+        "gives without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "
+        "ranks on it), a number, or 0 (none: MLX's own). The memory guard, rebalance caps and "
+        "the console use the budget: the number, or auto's machine share",
+    )
     wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
+    shard_optimizer: bool = _f(
+        False,
+        "shard the optimizer across ranks (ZeRO-1): each rank keeps the FP32 master weights "
+        "(mixed) and the optimizer state of its share of the parameters only, steps it, and "
+        "sends the new weights to every rank; the same math (FP32: bit-identical weights); "
+        "checkpoints stay one (gathered into rank 0), resumable sharded or not",
+    )
+    optimizer_shares: str = _f(
+        "auto",
+        "each rank's share of the optimizer (--shard-optimizer), e.g. 4,4,1,1,1 (relative), or "
+        "auto (in proportion to each rank's memory budget). Muon's matrices stay whole; AdamW's "
+        "are split by rows. A rebalance of the batch split does not move shares; a resume "
+        "with other shares does",
+    )
     # --- evaluation and samples
     eval_every: int = _f(0, "token-weighted loss on the held-out split every N updates (0 = never)")
     eval_samples: int = _f(256, "held-out samples per evaluation (0 = all)")
@@ -119,7 +154,9 @@ class TrainConfig:
         "loss (0 = never); a resume starts counting again",
     )
     early_stop_min_delta: float = _f(
-        0.0, "how much lower than the best a validation loss must be to count as a new best"
+        0.0,
+        "how much lower a validation loss must be than the last one that counted, to count as "
+        "progress for --early-stop-patience (`best` is always the lowest validation loss)",
     )
     prompt: str = _f("def ", "prompt for generated samples")
     sample_tokens: int = _f(64, "tokens to generate per sample")
@@ -158,9 +195,15 @@ class TrainConfig:
     )
     autopilot_min_gain: float = _f(0.05, "smallest predicted gain the autopilot acts on")
     autopilot_window: int = _f(
-        10, "updates the gain (and the same proposal) must hold before the autopilot acts"
+        10,
+        "recent updates the memory guard reads; a rank's cost per sample is read from up to "
+        "twice as many (at least 20) since it last changed",
     )
-    autopilot_cooldown: int = _f(20, "updates the autopilot waits after a change")
+    autopilot_cooldown: int = _f(
+        20,
+        "updates after a change in which the autopilot moves samples again only for twice "
+        "--autopilot-min-gain, unless a rank's speed changed since",
+    )
     on_memory_pressure: str = _f(
         "warn",
         "when no split relieves a rank under memory pressure: warn, or checkpoint and pause",
@@ -189,6 +232,13 @@ class TrainConfig:
         False, "also serve telemetry on a Unix socket in the run folder"
     )
     log_every: int = _f(1, "print the progress line every N updates")
+    report_to: str = _f(
+        "",
+        "trackers rank 0 logs the run to, once per run: wandb, trackio, swanlab, tensorboard, "
+        "comma-separated (each its own extra); mlx-lm's keys, plus each update's compute, "
+        "wait and split",
+    )
+    project_name: str = _f("", "the trackers' project (default: mlx-fleet)")
 
     # Keys that describe the run's math; a resume must agree on these (see checkpoint.py).
     def to_dict(self) -> dict[str, Any]:
@@ -237,21 +287,30 @@ class TrainConfig:
             if len(split) != n:
                 who = f"{n} rank(s)" if n == world_size else f"{n} replica(s) (--parallel)"
                 raise ConfigError(
-                    f"--local-batches has {len(split)} values ({self.local_batches}) but the run "
-                    f"has {who}: give one per {'rank' if n == world_size else 'replica'}"
+                    f"--local-batches has {len(split)} values ({_short(self.local_batches)}) "
+                    f"but the run has {who}: give one per "
+                    f"{'rank' if n == world_size else 'replica'}"
                 )
         else:
             split = [self.local_batch] * n
         if any(b < 1 for b in split):
-            raise ConfigError(f"every local batch must be at least 1, got {split}")
+            raise ConfigError(f"every local batch must be at least 1, got {_short(split)}")
+        if any(b > LIMITS["local_batch"] for b in split):
+            raise ConfigError(
+                f"--local-batches {_short(split)}: a local batch beyond any machine (at most "
+                f"{LIMITS['local_batch']})"
+            )
         return split
 
-    def per_rank(self, name: str, world_size: int, rank: int) -> float | None:
-        """One value for all ranks or one per rank (--cache-limit-gb 16,16,4); None if unset."""
+    def per_rank(self, name: str, world_size: int, rank: int) -> float | str | None:
+        """One value for all ranks or one per rank (--cache-limit-gb 16,16,4); None if unset.
+        --memory-limit-gb: "auto", GiB, or None for 0 (see memory_limit)."""
+        if name == "memory_limit_gb":
+            return self.memory_limit(world_size, rank)
         raw = getattr(self, name)
         if raw in ("", None):
             return None
-        values = parse_floats(str(raw), name)
+        values = per_rank_values(name, raw)
         if len(values) == 1:
             return values[0]
         if len(values) != world_size:
@@ -260,6 +319,30 @@ class TrainConfig:
                 f"{world_size} rank(s): give one value, or one per rank"
             )
         return values[rank]
+
+    def memory_limit(self, world_size: int, rank: int) -> float | str | None:
+        """This rank's --memory-limit-gb: "auto", a limit in GiB, or None (0 or empty: none)."""
+        raw = [p.strip() for p in str(self.memory_limit_gb).split(",") if p.strip()]
+        if not raw:
+            return None
+        if len(raw) not in (1, world_size):
+            raise ConfigError(
+                f"--memory-limit-gb has {len(raw)} values ({self.memory_limit_gb}) but the run "
+                f"has {world_size} rank(s): give one value, or one per rank"
+            )
+        mine = raw[0] if len(raw) == 1 else raw[rank]
+        if mine == "auto":
+            return "auto"
+        try:
+            gib = float(mine)
+        except ValueError:
+            raise ConfigError(
+                f"--memory-limit-gb: {mine!r} is neither auto nor a number of GiB "
+                "(e.g. auto, 24, or 0 for none)"
+            ) from None
+        if not math.isfinite(gib) or gib < 0:
+            raise ConfigError(f"--memory-limit-gb must be auto, 0 or a positive size, got {mine}")
+        return gib or None
 
     def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
         """This rank's simulated slowdown as (from update, factor), in order ([] = none)."""
@@ -294,6 +377,11 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"--{_flag(f.name)} must be a finite number, got {value}")
+        for name in PER_RANK_LOW:  # the values themselves; their count needs the world size
+            if getattr(self, name) not in ("", None):
+                per_rank_values(name, getattr(self, name))
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"--seed must be a whole number in [0, 2**32), got {self.seed}")
         for name, high in LIMITS.items():
             if getattr(self, name) > high:
                 raise ConfigError(
@@ -338,6 +426,12 @@ class TrainConfig:
                 "over ranks (gathering each one every update would cost what the split saves): "
                 "use --optimizer adamw with --parallel tensor"
             )
+        if self.parallel != "data" and self.shard_optimizer:
+            raise ConfigError(
+                "--shard-optimizer splits the optimizer over data-parallel ranks; with "
+                f"--parallel {self.parallel} each rank already holds only its slice of the "
+                "weights and of their optimizer state: leave --shard-optimizer out"
+            )
         if not 0 <= self.warmup <= 1:
             raise ConfigError(f"--warmup is a fraction of the run, got {self.warmup}")
         if self.lr <= 0:
@@ -351,6 +445,23 @@ class TrainConfig:
                 raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
         if self.log_every < 1:
             raise ConfigError("--log-every must be at least 1")
+        from telemetry.trackers import TrackerError, check
+
+        try:
+            check(self.report_to)
+        except TrackerError as e:
+            raise ConfigError(str(e)) from None
+
+
+def per_rank_values(name: str, raw: Any) -> list[float]:
+    """The values of a per-rank field, each finite and within its bound (PER_RANK_LOW)."""
+    values = parse_floats(str(raw), name)
+    low, inclusive = PER_RANK_LOW.get(name, (0.0, True))
+    for v in values:
+        if v < low or (v == low and not inclusive):
+            need = f"at least {low:g}" if inclusive else f"more than {low:g}"
+            raise ConfigError(f"--{_flag(name)}: every value must be {need}, got {v:g}")
+    return values
 
 
 def parse_ints(text: str, name: str) -> list[int]:
@@ -358,20 +469,38 @@ def parse_ints(text: str, name: str) -> list[int]:
         return [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--{name.replace('_', '-')}: expected integers like 4,2,2, got {text!r}"
+            f"--{name.replace('_', '-')}: expected integers like 4,2,2, got {_short(text)}"
         ) from None
 
 
 def parse_floats(text: str, name: str) -> list[float]:
     try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
+        values = [float(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise ConfigError(
-            f"--{name.replace('_', '-')}: expected numbers like 16,4, got {text!r}"
+            f"--{name.replace('_', '-')}: expected numbers like 16,4, got {_short(text)}"
         ) from None
+    for v in values:
+        if not math.isfinite(v):
+            raise ConfigError(f"--{name.replace('_', '-')}: {v} is not a finite number")
+    return values
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """A bounded echo of what was given: an error line never grows with the input."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text):,} characters)"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+# Per-rank values (one, or one per rank) and the least each may be: (bound, inclusive).
+PER_RANK_LOW = {
+    "memory_limit_gb": (0.0, False),  # a limit of 0 GiB would stop the first allocation
+    "cache_limit_gb": (0.0, True),  # 0: no cache
+    "wired_limit_gb": (0.0, True),
+    "simulate_peak_gb": (0.0, True),
+}
 
 # Upper bounds no run reaches: a larger value is a typo (depth = 1e20), refused by name
 # instead of failing deep inside MLX.
@@ -397,13 +526,23 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "data and run folder": (
         "data",
         "run_dir",
+        "overwrite",
         "synthetic",
         "seq_len",
         "seed",
         "device",
         "cuda_graphs",
     ),
-    "model": ("depth", "width", "heads", "vocab", "precision", "loss_chunk", "grad_checkpoint"),
+    "model": (
+        "depth",
+        "width",
+        "heads",
+        "vocab",
+        "precision",
+        "loss_head",
+        "loss_chunk",
+        "grad_checkpoint",
+    ),
     "optimization": (
         "local_batch",
         "local_batches",
@@ -422,7 +561,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "beta2",
         "grad_clip",
     ),
-    "memory": ("cache_limit_gb", "memory_limit_gb", "wired_limit_gb"),
+    "memory": (
+        "cache_limit_gb",
+        "memory_limit_gb",
+        "wired_limit_gb",
+        "shard_optimizer",
+        "optimizer_shares",
+    ),
     "evaluation and samples": (
         "eval_every",
         "eval_samples",
@@ -446,6 +591,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "telemetry_remote",
         "telemetry_unix_socket",
         "log_every",
+        "report_to",
+        "project_name",
     ),
     "autopilot and alerts": (
         "autopilot",
@@ -518,11 +665,16 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (a TOML or JSON config is text)") from None
+    kind = "JSON" if path.suffix == ".json" else "TOML"
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        kind = "JSON" if path.suffix == ".json" else "TOML"
-        raise ConfigError(f"{path}: not valid {kind}: {e}") from None
+        raise ConfigError(f"{path}: not valid {kind}: {_short(e, 200)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nests too deeply to be a config") from None
+    if not isinstance(raw, dict):
+        what = type(raw).__name__
+        raise ConfigError(f"{path}: a config is a {kind} object of keys, got a {what}")
     return check_keys(raw, str(path))
 
 
@@ -531,10 +683,14 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in FIELDS:
-            raise ConfigError(f"{where}: unknown key {key!r}")
+            from telemetry.typos import nearest
+
+            best = nearest(name, FIELDS)  # in the spelling the file uses
+            hint = f" (did you mean {(best.replace('_', '-') if '-' in key else best)!r}?)"
+            raise ConfigError(f"{where}: unknown key {_short(repr(key))}{hint if best else ''}")
         default = FIELDS[name].default
         if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be true or false, got {_short(repr(value))}")
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if (
@@ -544,10 +700,13 @@ def check_keys(raw: dict[str, Any], where: str) -> dict[str, Any]:
         ):  # per-rank lists may be written as TOML arrays
             value = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         if type(value) is not type(default):
-            raise ConfigError(f"{where}: {key} must be {type(default).__name__}, got {value!r}")
+            kind = type(default).__name__
+            raise ConfigError(f"{where}: {key} must be {kind}, got {_short(repr(value))}")
         choices = FIELDS[name].metadata.get("choices")
         if choices and value not in choices:
-            raise ConfigError(f"{where}: {key} must be one of {', '.join(choices)}, got {value!r}")
+            raise ConfigError(
+                f"{where}: {key} must be one of {', '.join(choices)}, got {_short(repr(value))}"
+            )
         out[name] = value
     return out
 

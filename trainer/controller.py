@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,11 +14,14 @@ from telemetry.split import problems
 from telemetry.units import MiB
 from trainer.autopilot import Autopilot, RankFigures
 from trainer.distributed import Cluster
+from trainer.launch import lifeline
+from trainer.launch.plan import LAUNCH_ENV
 
 KEEPALIVE_S = 0.5  # while paused, ranks exchange a keepalive about twice a second
 
-# (split, every rank's peak bytes) -> the largest local batch each rank's memory allows
-CapsModel = Callable[[list[int], list[float]], list[int | None]]
+# (every rank's memory budget, split, every rank's peak bytes) -> the largest local batch each
+# rank's memory allows
+CapsModel = Callable[[list[float | None], list[int], list[float]], list[int | None]]
 
 
 @dataclass
@@ -35,7 +39,8 @@ class Controller:
     boundary hands the chosen one to every rank, so all apply it at the same update. The
     same all-reduce carries what every rank measured in its last update (peak memory, so the
     memory caps a rebalance is checked against are refreshed at every boundary; compute time
-    and swap, for the autopilot) and any rank's request to stop (a signal it received)."""
+    and swap, for the autopilot) and any rank's request to stop (a signal it received, or
+    what its lifeline to fleet launch says: trainer/launch/lifeline.py)."""
 
     def __init__(
         self,
@@ -46,21 +51,36 @@ class Controller:
         limits: list[float | None] | None = None,
         on_event: Callable[[str, str, dict], None] | None = None,
         fixed_split: str = "",
+        watch: lifeline.Watch | None = None,
     ) -> None:
         self.cluster = cluster
         self.fixed_split = fixed_split  # why the split cannot change (tensor parallelism), or ""
+        self.watch = watch
         self.queue = queue if queue is not None else CommandQueue()
         self.caps_model = caps_model
         self.pilot = pilot  # rank 0's; observes every boundary that is not a keepalive
-        self.limits = limits or [None] * cluster.size  # --memory-limit-gb per rank, bytes
+        # Each rank's memory budget in bytes (--memory-limit-gb, or auto's share of its
+        # machine): given, or as every rank reports it at each boundary.
+        self.limits = limits or [None] * cluster.size
         self.on_event = on_event or (lambda kind, text, data: None)
         self.paused = False
         self.peaks: list[float] = [0.0] * cluster.size  # bytes, as of the last boundary
         self.stop_signal = 0  # a signal number once this rank was asked to stop
+        self._lost_said = False
 
     def request_stop(self, signum: int) -> None:
         """Ask every rank to stop at the next boundary (safe to call from a signal handler)."""
         self.stop_signal = signum
+
+    def _stop_code(self) -> int:
+        """This rank's stop request: a signal it got, else what its lifeline says (0: none)."""
+        if self.stop_signal or self.watch is None:
+            return self.stop_signal
+        code = self.watch.code()
+        if code == lifeline.LOST_CODE and not self._lost_said:
+            self._lost_said = True
+            lifeline.say_lost(self.watch, self.cluster.rank)
+        return code
 
     def exchange(
         self,
@@ -69,10 +89,11 @@ class Controller:
         compute_s: float = 0.0,
         swap: float = 0.0,
         pressure: float = 0.0,
+        budget: float = 0.0,
     ) -> Action:
         """Called by every rank at every boundary (and as the keepalive while paused), with
         what this rank measured in its last update: peak memory and swap in bytes, compute
-        seconds, memory pressure 0..1."""
+        seconds, memory pressure 0..1, and its memory budget in bytes (0: none or unknown)."""
         pending, name, payload, reason = None, "none", [], "command"
         if self.cluster.is_root:
             while (pending := self.queue.poll()) is not None:
@@ -85,13 +106,21 @@ class Controller:
         if self.paused and name == "none":
             name = "keepalive"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
-        mine = (peak / MiB, float(self.stop_signal), compute_s * 1e6, swap / MiB, pressure * 1e3)
+        stop = float(self._stop_code())
+        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
-        asked = [(r, int(f[1])) for r, f in enumerate(every) if f[1]]
-        if asked and name in ("none", "keepalive"):  # a signal outranks nothing but a command
-            rank, signum = asked[0]
-            name, payload, reason = "stop", [], f"{signal.Signals(signum).name} on rank {rank}"
+        self.limits = [
+            f[5] * MiB if f[5] else limit for f, limit in zip(every, self.limits, strict=True)
+        ]
+        asked = [(r, int(round(f[1]))) for r, f in enumerate(every) if f[1]]
+        if asked and name in ("none", "keepalive"):  # a stop outranks nothing but a command
+            # fleet launch's own stop or its loss first: it speaks for every rank
+            rank, code = max(asked, key=lambda a: a[1])
+            # `fleet launch` passes its signal to every rank (some get it a boundary later):
+            # naming one of them would say nothing. A rank signalled on its own is named.
+            alone = len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV)
+            name, payload, reason = "stop", [], lifeline.describe(code, rank if alone else None)
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
@@ -114,7 +143,7 @@ class Controller:
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""
-        return self.caps_model(split, self.peaks) if self.caps_model else None
+        return self.caps_model(self.limits, split, self.peaks) if self.caps_model else None
 
     def _refusal(self, p: PendingCommand, split: list[int]) -> str | None:
         if p.cmd == "pause" and self.paused:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from telemetry.records import COMMANDS
 from telemetry.units import GiB, MiB
@@ -44,6 +44,8 @@ def backend_from_env(env: Mapping[str, str] | None = None) -> str:
     an NCCL rank where MPI is also installed, could join the wrong (or a one-rank) group.
     """
     env = os.environ if env is None else env
+    if one_rank_launch(env):
+        return "any"  # a group of one: nothing to join
     if env.get("FLEET_BACKEND"):
         return env["FLEET_BACKEND"]
     if "MLX_IBV_DEVICES" in env or "MLX_JACCL_COORDINATOR" in env:
@@ -58,6 +60,18 @@ def backend_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def one_rank_launch(env: Mapping[str, str]) -> bool:
+    """Whether mlx.launch started this rank alone (`-n 1`): it then names a hostfile that holds
+    nothing, which the ring backend would fail to parse."""
+    path = env.get("MLX_HOSTFILE")
+    if not path or env.get("MLX_WORLD_SIZE", "1") != "1":
+        return False
+    try:
+        return not open(path).read(64).strip()
+    except OSError:
+        return False
 
 
 def expected_world(env: Mapping[str, str] | None = None) -> int | None:
@@ -77,6 +91,8 @@ class Cluster:
     def __init__(self, group: mx.distributed.Group | None = None) -> None:
         if group is None:
             self.backend = backend_from_env()
+            if one_rank_launch(os.environ):
+                os.environ.pop("MLX_HOSTFILE")  # so that no backend tries to read it
             group = mx.distributed.init(backend=self.backend)
             expected = expected_world()
             if expected is not None and group.size() != expected:
@@ -143,7 +159,9 @@ class Cluster:
 
         Unlike nn.average_gradients this sums (the optimizer divides by the global token
         count) and carries the scalars in the last bucket, so an update costs one round of
-        all-reduces whatever the split.
+        all-reduces whatever the split. The sums replace the gradients in `grads` itself, a
+        bucket at a time, so each bucket's own gradients go as its sums arrive: the update's
+        live set never holds the gradients twice (4 bytes a parameter less).
         """
         if self.size == 1:
             return grads, scalars
@@ -157,21 +175,22 @@ class Cluster:
                 buckets.append(current)
                 current, size = [], 0
         buckets.append(current)  # the last bucket (possibly empty) also carries the scalars
-        out = []
         for n, bucket in enumerate(buckets):
             parts = [flat[i][1].reshape(-1) for i in bucket]
             if n == len(buckets) - 1:
                 parts.append(scalars.astype(mx.float32).reshape(-1))
             summed = self._sum(mx.concatenate(parts))
+            del parts
             sizes = [flat[i][1].size for i in bucket]
             offsets = reduce(lambda acc, s: acc + [acc[-1] + s], sizes, [0])
             pieces = mx.split(summed, offsets[1:]) if sizes else [summed]
-            out.extend(
-                (flat[i][0], pieces[j].reshape(flat[i][1].shape)) for j, i in enumerate(bucket)
-            )
+            for j, i in enumerate(bucket):
+                name, old = flat[i]
+                flat[i] = (name, pieces[j].reshape(old.shape))
+                _put(grads, name, flat[i][1])
             if n == len(buckets) - 1:
                 scalars = pieces[-1]
-        return tree_unflatten(out), scalars
+        return grads, scalars
 
     def barrier(self) -> float:
         """A tiny all-reduce; the seconds it took are time spent waiting for the slowest rank."""
@@ -222,6 +241,21 @@ class Cluster:
         return [bytes(r) for r in rows]
 
 
+def _put(tree, path: str, value) -> None:
+    """tree[a][b]...[z] = value for the path "a.b...z" of tree_flatten (list indices as digits)."""
+    keys = path.split(".")
+    for k in keys[:-1]:
+        tree = tree[int(k)] if isinstance(tree, list) else tree[k]
+    last = keys[-1]
+    if isinstance(tree, list):
+        tree[int(last)] = value
+    else:
+        tree[last] = value
+
+
+MIN_BEAT_S = 0.05
+
+
 class Watchdog:
     """Ends the process when the loop makes no progress for `timeout` seconds, and beats.
 
@@ -239,10 +273,13 @@ class Watchdog:
         on_expire: Callable[[str], None] | None = None,
         beat: Callable[[str, float], None] | None = None,
         diagnose: Callable[[], str] | None = None,
+        world: int = 0,
     ) -> None:
-        self.timeout, self.rank = timeout, rank
+        self.timeout, self.rank, self.world = timeout, rank, world
         self.stage, self.since, self.since_wall = "starting", time.monotonic(), time.time()
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # an update finished: beat at once (the restart says
+        # which update a rank died after, and reads it from the beats)
         self._on_expire, self._beat, self._diagnose = on_expire, beat, diagnose
         self._thread = threading.Thread(target=self._run, name="fleet-watchdog", daemon=True)
 
@@ -254,15 +291,27 @@ class Watchdog:
     def progress(self, stage: str) -> None:
         """Mark that the loop is alive and entering `stage`."""
         self.stage, self.since, self.since_wall = stage, time.monotonic(), time.time()
+        if stage == "report":  # an update is done: its beat goes now, not up to 1 s later
+            self._nudge.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._nudge.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
+    def _suspect(self) -> str:
+        if self.world == 1:  # no peer to wait for: this process itself is stuck
+            return "this rank itself is stuck (a blocked file, a hung disk or device?)"
+        return "a peer rank has probably stalled or died"
+
     def _run(self) -> None:
         period = min(1.0, self.timeout / 4) if self.timeout > 0 else 1.0
-        while not self._stop.wait(period):
+        while True:
+            self._nudge.wait(period)
+            if self._stop.is_set():
+                return
+            self._nudge.clear()
             if self._beat is not None:
                 with contextlib.suppress(Exception):  # a full disk must not end the run here
                     self._beat(self.stage, self.since_wall)
@@ -275,7 +324,7 @@ class Watchdog:
                 msg = (
                     f"fleet train: rank {self.rank}: no progress for {idle:.0f}s in stage "
                     f"'{self.stage}' (--collective-timeout {self.timeout:g}); "
-                    + (f"{who}. " if who else "a peer rank has probably stalled or died. ")
+                    + (f"{who}. " if who else f"{self._suspect()}. ")
                     + "Exiting."
                 )
                 print(msg, file=sys.stderr, flush=True)
@@ -283,3 +332,5 @@ class Watchdog:
                     with contextlib.suppress(Exception):  # tell telemetry if it still can
                         self._on_expire(msg)
                 os._exit(3)
+            if self._stop.wait(MIN_BEAT_S):  # at most 20 beats a second, however fast it steps
+                return

@@ -37,19 +37,24 @@ def evaluate(run: Run) -> tuple[float, int]:
 
 
 def note_eval(run: Run, val_loss: float, val_tokens: int) -> str | None:
-    """Report an evaluation, keep the best checkpoint (`best`, never pruned) and count
-    evaluations without a new best; returns why the run should stop early, or None.
-    Every rank calls it with the same loss (summed over ranks): all decide alike."""
+    """Report an evaluation, keep the best checkpoint and count evaluations without progress;
+    returns why the run should stop early (without "early stop at update N: "), or None.
+    Every rank calls it with the same loss (summed over ranks): all decide alike.
+
+    One rule for `best`, shared by the report, `checkpoints/best`, `export --best` and
+    `sample --best`: the lowest validation loss so far. --early-stop-min-delta only decides
+    whether an evaluation counts as progress for --early-stop-patience: it must be lower than
+    the last one that counted by more than the delta (Keras's EarlyStopping rule).
+    """
     s, cfg = run.state, run.cfg
     s.note_eval(val_loss)
-    best = s.best
-    improved = best is None or val_loss < best["val_loss"] - cfg.early_stop_min_delta
-    if improved:
-        best = s.best = {"step": s.step, "val_loss": val_loss}
-        s.evals_since_best = 0
+    before = s.best
+    if before is None or val_loss < before["val_loss"]:
+        s.best = {"step": s.step, "val_loss": val_loss}
         path = run.save() if run.saved_at != s.step else run.last_saved
         if path is not None and run.cluster.is_root:
             catalog.point_best(cfg.run_dir, path)
+    best = s.best
     run.event(
         "eval",
         f"val loss {val_loss:.4f} (best {best['val_loss']:.4f} at update {best['step']})",
@@ -58,26 +63,31 @@ def note_eval(run: Run, val_loss: float, val_tokens: int) -> str | None:
         best_val_loss=best["val_loss"],
         best_step=best["step"],
     )
-    if improved:
+    mark = s.progress or before  # a resumed session measures progress from the best
+    if mark is None or val_loss < mark["val_loss"] - cfg.early_stop_min_delta:
+        s.progress, s.evals_since_progress = {"step": s.step, "val_loss": val_loss}, 0
         return None
-    s.evals_since_best += 1
-    if not cfg.early_stop_patience or s.evals_since_best < cfg.early_stop_patience:
+    s.evals_since_progress += 1
+    if not cfg.early_stop_patience or s.evals_since_progress < cfg.early_stop_patience:
         return None
     recent = s.evals[-cfg.early_stop_patience :]
     seen = ", ".join(f"{loss:.4f} (update {step})" for step, loss in recent)
+    by = f" by --early-stop-min-delta {cfg.early_stop_min_delta:g}"
     return (
-        f"early stop at update {s.step}: the best validation loss is "
-        f"{best['val_loss']:.4f} at update {best['step']}; the last {len(recent)} "
-        f"evaluations ({seen}) were none lower by --early-stop-min-delta "
-        f"{cfg.early_stop_min_delta:g}; resume with --resume latest to go on"
+        f"the last {len(recent)} evaluations ({seen}) were none lower than "
+        f"{mark['val_loss']:.4f} (update {mark['step']}){by if cfg.early_stop_min_delta else ''}; "
+        f"the best validation loss is {best['val_loss']:.4f} at update {best['step']} "
+        "(checkpoints/best)"
     )
 
 
-def stop_early(run: Run, why: str) -> None:
-    """End the run at this boundary with a checkpoint, the reason in the log."""
+def stop_early(run: Run, why: str) -> str:
+    """End the run at this boundary with a checkpoint, the reason in the log; returns the
+    line to print."""
     path = run.save() if run.saved_at != run.state.step else run.last_saved
     run.event("stopped", why, reason="early stop", checkpoint=str(path or ""))
-    run.stopping = True
+    run.stopping, run.stop_reason = True, "early stop"
+    return f"early stop at update {run.state.step}: {why}"
 
 
 def sample(run: Run) -> str:

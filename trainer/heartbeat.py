@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from telemetry import rundir
+from telemetry.files import read_regular
 
 STALE_S = 3.0  # a rank that has not beaten for this long (3 beats) is not responding
 # The stages in the order a rank passes them between two updates (the step counts up right
@@ -70,7 +71,7 @@ def read_all(run_dir: str | Path) -> dict[int, Beat]:
     beats = {}
     for p in sorted(rundir.at(run_dir).ranks.glob("rank-*.json")):
         with contextlib.suppress(OSError, ValueError, TypeError):
-            b = Beat(**json.loads(p.read_text()))
+            b = Beat(**json.loads(read_regular(p, 1 << 16)))  # a FIFO there must not hang us
             beats[b.rank] = b
     return beats
 

@@ -1,14 +1,42 @@
-"""Per-rank memory controls and figures: MLX's cache, memory and wired limits, peak tracking."""
+"""Per-rank memory: MLX's cache, memory and wired limits, the rank's budget, the live set.
+
+What keeps memory alive in MLX (0.32): `eval` walks the graph and hands each primitive to its
+stream without waiting; the stream keeps every input of a kernel alive until the kernel has
+run (CUDA: its command buffer; the CPU: its task, ten dispatches each). Up to ten tasks run
+ahead, and `eval` waits for them only once active memory passes the memory limit (MLX's
+default: 95% of a GPU, 80% of the CPU's machine). So without a limit, the peak holds buffers
+that are dead but not yet released: 22.6 GiB for a live set of about 14 at issue 12's size on
+an H200. A limit makes `eval` wait for the oldest task each time active memory passes it; it
+never fails an allocation (the cache is trimmed first). Under a tight limit the peak is the
+live set: what the graph needs at once.
+
+`--memory-limit-gb auto` (`Limit`): a rank measures its live set at its first update (under a
+tight limit: that one update runs with no run-ahead), then sets the limit 5% above it, so the
+peak is the live set at the speed of the run-ahead that fits; again when its local batch
+changes. The limit never exceeds the rank's budget: what its machine gives without swapping
+(its memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on
+CUDA). The budget, not the limit, is the figure the memory guard, the rebalance caps and the
+console use: it is what the rank could hold, where the limit is what it holds now.
+"""
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
+import psutil
 
 from telemetry.balance import batch_cap
-from telemetry.units import GiB
+from telemetry.units import GiB, gib_text
+from trainer.config import ConfigError
+
+AUTO_HEADROOM = 0.05  # auto's limit over the measured live set
+OS_RESERVE_FRACTION, OS_RESERVE_MIN = 0.15, 2 * GiB  # what auto leaves the OS on a machine
+GPU_RESERVE_FRACTION = 0.05  # on CUDA, the GPU's memory less this (MLX's own default limit)
+TIGHT = 1  # bytes: a limit every allocation passes, so eval waits after each task
 
 
 @dataclass(frozen=True)
@@ -20,19 +48,109 @@ class MemoryFigures:
     cache: int
 
 
-def apply_limits(
-    cache_gb: float | None, memory_gb: float | None, wired_gb: float | None
-) -> list[str]:
-    """Set MLX's limits; returns one line per limit set, for the run's log."""
+def machine_budget(ranks_here: int = 1) -> int:
+    """Bytes this rank may use without its machine swapping: a CUDA GPU's memory less 5%;
+    elsewhere (unified memory, the CPU) the machine's memory less a reserve for the OS,
+    shared by the `ranks_here` ranks on it. A ConfigError when the machine reports no size."""
+    if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        total = int(mx.device_info().get("total_memory", 0) or 0)
+        if total > 0:
+            return int(total * (1 - GPU_RESERVE_FRACTION))
+    try:
+        total = int(psutil.virtual_memory().total)
+    except (OSError, RuntimeError, AttributeError):
+        total = 0
+    if total <= 0:
+        raise ConfigError(
+            "--memory-limit-gb auto: this machine reports no memory size; give the limit in "
+            "GiB (e.g. --memory-limit-gb 24), or 0 for none"
+        )
+    reserve = max(OS_RESERVE_MIN, int(OS_RESERVE_FRACTION * total))
+    return max(GiB // 4, (total - reserve) // max(1, ranks_here))
+
+
+class Limit:
+    """This rank's --memory-limit-gb: auto (measured live set + 5%, within the machine's
+    budget), a fixed number of bytes, or none (MLX's default). `update()` wraps each update."""
+
+    def __init__(self, mode: str, budget: int | None, headroom: float = AUTO_HEADROOM) -> None:
+        self.mode, self.budget, self.headroom = mode, budget, headroom
+        self.live = 0  # bytes: the last live set measured (auto)
+        self.limit = budget if mode == "fixed" else None  # MLX's limit now, bytes
+        self._samples: int | None = None  # the local batch the live set was measured at
+        self._remeasure = mode == "auto"
+
+    @classmethod
+    def from_setting(cls, setting: float | str | None, ranks_here: int = 1) -> Limit:
+        """From config.memory_limit(): "auto", GiB, or None."""
+        if setting == "auto":
+            return cls("auto", machine_budget(ranks_here))
+        if setting is None:
+            return cls("none", None)
+        return cls("fixed", int(float(setting) * GiB))
+
+    def apply(self) -> str | None:
+        """Set MLX's limit for the start of the run; the line for the run's log."""
+        if self.mode == "none":
+            return None
+        if self.mode == "fixed":
+            mx.set_memory_limit(self.limit)
+            return f"memory limit {gib_text(self.limit)}"
+        mx.set_memory_limit(self.budget)  # until the first update has measured the live set
+        return (
+            f"memory limit auto: the live set + {self.headroom:.0%}, within "
+            f"{gib_text(self.budget)} (this rank's share of its machine)"
+        )
+
+    @contextmanager
+    def update(self) -> Iterator[dict]:
+        """Around one update: under auto, the first one (and the first after a change of the
+        local batch) runs under a tight limit and its peak sets the limit. The caller puts
+        the update's sample count in the yielded dict (key "samples")."""
+        seen: dict = {}
+        measuring = self._remeasure
+        if measuring:
+            mx.set_memory_limit(TIGHT)
+        mx.reset_peak_memory()
+        try:
+            yield seen
+        finally:
+            if measuring:
+                self.live = mx.get_peak_memory()
+                self.limit = min(self.budget, int(self.live * (1 + self.headroom)))
+                mx.set_memory_limit(self.limit)
+                self._samples, self._remeasure = seen.get("samples"), False
+            elif self.mode == "auto" and seen.get("samples") != self._samples:
+                self._remeasure = True  # a rebalance changed this rank's batch: measure again
+
+    def figures(self) -> dict[str, int]:
+        """The matching keyword arguments of `records.Update` (bytes, 0 = none)."""
+        return {
+            "mem_budget": self.budget or 0,
+            "mem_limit": self.limit or 0,
+            "live_mem": self.live,
+        }
+
+
+@contextmanager
+def tight() -> Iterator[None]:
+    """A tight limit for the block (its peak is its live set), then the limit before it."""
+    before = mx.set_memory_limit(TIGHT)
+    try:
+        yield
+    finally:
+        mx.set_memory_limit(before)
+
+
+def apply_limits(cache_gb: float | None, wired_gb: float | None) -> list[str]:
+    """Set MLX's cache and wired limits; one line per limit set, for the run's log (the
+    memory limit is `Limit`'s)."""
     applied = []
     if cache_gb is not None:
         # A capped cache returns freed buffers to the system instead of hoarding them: on a
         # 36 GiB Mac beside 96 GiB ones, the cache is what tips a rank into swap.
         mx.set_cache_limit(int(cache_gb * GiB))
         applied.append(f"cache limit {cache_gb:g} GiB")
-    if memory_gb is not None:
-        mx.set_memory_limit(int(memory_gb * GiB))
-        applied.append(f"memory limit {memory_gb:g} GiB")
     if wired_gb is not None:
         if platform.system() == "Darwin" and mx.metal.is_available():
             mx.set_wired_limit(int(wired_gb * GiB))
@@ -62,17 +180,18 @@ def device_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def memory_caps(cfg, split: list[int], peaks: list[float]) -> list[int | None]:
-    """The largest local batch each rank's --memory-limit-gb allows, from its measured peak.
+def memory_caps(
+    budgets: list[float | None], split: list[int], peaks: list[float]
+) -> list[int | None]:
+    """The largest local batch each rank's memory budget allows, from its measured peak.
 
     The whole peak counts as per-sample cost (weights included), which overstates it, so the
-    caps err on the safe side. None where a rank has no limit or has not measured a peak yet.
+    caps err on the safe side. None where a rank has no budget or has not measured a peak yet.
     """
-    world, caps = len(split), []
-    for r, (batch, peak) in enumerate(zip(split, peaks, strict=True)):
-        limit = cfg.per_rank("memory_limit_gb", world, r)
-        if limit is None or peak <= 0:
+    caps = []
+    for batch, peak, budget in zip(split, peaks, budgets, strict=True):
+        if not budget or peak <= 0:
             caps.append(None)
         else:
-            caps.append(max(1, batch_cap(limit * GiB, 0.0, peak / batch, headroom=0.0) or 0))
+            caps.append(max(1, batch_cap(budget, 0.0, peak / batch, headroom=0.0) or 0))
     return caps

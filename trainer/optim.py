@@ -60,8 +60,7 @@ class MuonAdamW(optim.MultiOptimizer):
 
     def __init__(self, cfg: TrainConfig) -> None:
         muon = optim.Muon(learning_rate=cfg.muon_lr, momentum=0.95, weight_decay=0.0)
-        hidden = lambda path, p: path.startswith("blocks.") and p.ndim == 2  # noqa: E731
-        super().__init__([muon, adamw(cfg)], [hidden])
+        super().__init__([muon, adamw(cfg)], [lambda path, p: muon_matrix(path, p.shape)])
         self.muon_ratio = cfg.muon_lr / cfg.lr
 
     @property
@@ -72,6 +71,17 @@ class MuonAdamW(optim.MultiOptimizer):
     def learning_rate(self, lr) -> None:
         self.optimizers[0].learning_rate = lr * self.muon_ratio
         self.optimizers[1].learning_rate = lr
+
+
+def muon_matrix(path: str, shape: tuple[int, ...]) -> bool:
+    """The matrices Muon steps: the blocks' 2-D weights (orthogonalized whole, so a sharded
+    optimizer keeps them whole)."""
+    return path.startswith("blocks.") and len(shape) == 2
+
+
+def whole_matrices(cfg: TrainConfig):
+    """(path, shape) -> must the matrix stay whole when the optimizer is sharded."""
+    return muon_matrix if cfg.optimizer == "muon" else (lambda path, shape: False)
 
 
 def adamw(cfg: TrainConfig) -> optim.AdamW:

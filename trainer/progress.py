@@ -6,7 +6,7 @@ import sys
 import time
 
 from telemetry.records import Update
-from telemetry.units import GiB
+from telemetry.units import size_text
 
 
 def human_tokens(n: float) -> str:
@@ -42,7 +42,7 @@ class Progress:
             f"step {rec.step:>{len(str(self.total))}}/{self.total}",
             f"loss {rec.loss:.4f}",
             f"{human_tokens(tps)} tok/s",
-            f"peak {peak / GiB:.2f} GiB",
+            f"peak {size_text(peak)}",
             f"lr {rec.lr:.2e}",
             f"{rec.update_s * 1000:.0f} ms",
             f"eta {duration(eta)}",

@@ -5,15 +5,16 @@ Building one is builder.py's; evaluating it is evaluation.py's."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
 
 from telemetry import sysmem
 from telemetry.control import CommandQueue
@@ -27,6 +28,9 @@ from trainer.config import TrainConfig
 from trainer.controller import Controller
 from trainer.data.dataset import Dataset
 from trainer.distributed import Cluster, Watchdog
+from trainer.keeper import Keeper
+from trainer.launch import lifeline
+from trainer.launch.plan import LAUNCH_ENV
 from trainer.launch.restart import restart_record
 from trainer.model import tensor
 from trainer.model.gpt import GPT
@@ -82,8 +86,10 @@ class Run:
     collective_s: float = 0.0  # tensor parallelism: an update's per-block all-reduces (probed)
     measured: dict[str, float] = field(default_factory=dict)  # the last update, for rank 0
     stopping: bool = False  # a stop was applied at this boundary
+    stop_reason: str = ""  # what stopped it: "early stop", "Ctrl-C (SIGINT)", ...
     last_saved: Path | None = None
     saved_at: int | None = None  # the step of the newest checkpoint of this run
+    keeper: Keeper | None = None  # rank 0's memory of the run folder's small files
 
     # --- samples of the global order: this rank's slice of each microbatch of the update
     def batches(self):
@@ -119,7 +125,7 @@ class Run:
             architecture=self.identity["architecture"],
             params=self.model.cfg.num_params(),
             parallel=self.layout.mode,
-            resident_bytes=self.resident_bytes(),
+            resident_bytes=self.stepper.resident_bytes(),
             precision=cfg.precision,
             autopilot=cfg.autopilot,
         )
@@ -128,25 +134,26 @@ class Run:
                 "restarted", f"restart {restart.get('attempt')}: {restart.get('reason')}", **restart
             )
 
-    def resident_bytes(self) -> int:
-        """Bytes of this rank's weights and optimizer state (its slice of them, in tensor
-        parallelism): what the model costs this rank before any activation."""
-        trees = (self.model.parameters(), self.optimizer.state)
-        return sum(a.nbytes for t in trees for _, a in tree_flatten(t) if isinstance(a, mx.array))
+    def resume_command(self) -> str:
+        """The exact command that continues this run from its newest checkpoint: printed by
+        every stop (Ctrl-C, `s`, --stop-at, early stop)."""
+        rank = f"train --resume latest --run-dir {shlex.quote(str(self.cfg.run_dir))}"
+        launch = os.environ.get(LAUNCH_ENV, "")  # `fleet launch -n 3`, from the launcher
+        if not launch and self.cluster.size > 1:
+            launch = f"fleet launch -n {self.cluster.size}"
+        return f"{launch} -- {rank}" if launch else f"fleet {rank}"
 
     def controller(self) -> Controller:
         """The boundary's exchange for this run: memory caps from every rank's limit and
         peak, and (rank 0) the autopilot."""
-        cfg, world = self.cfg, self.cluster.size
-        limits = [cfg.per_rank("memory_limit_gb", world, r) for r in range(world)]
         return Controller(
             self.cluster,
             self.commands,
-            caps_model=partial(memory.memory_caps, cfg),
+            caps_model=memory.memory_caps,
             pilot=self.pilot if self.cluster.is_root and self.layout.tensor == 1 else None,
-            limits=[g * memory.GiB if g else None for g in limits],
             on_event=self.tell,
             fixed_split=FIXED_SPLIT if self.layout.tensor > 1 else "",
+            watch=lifeline.Watch.from_env(),  # started by fleet launch: it may stop us
         )
 
     def fail(self, message: str, code: int, alert: str = "lost") -> int:
@@ -190,10 +197,12 @@ class Run:
             tokens_per_s=f.local_tokens / f.update_s if f.update_s > 0 else 0.0,
             simulated=isinstance(self.stepper, SlowedStepper),
             collective_s=self.collective_s,
+            **self.stepper.memory_fields(),
             **sysmem.sample().update_fields(),
         )
         self.reporter.on_update(rec)
         self.measured = {
+            "budget": rec.mem_budget,
             "peak": rec.peak_mem,
             "compute_s": f.compute_s,
             "swap": rec.swap_used,
@@ -204,21 +213,27 @@ class Run:
     def save(self) -> Path | None:
         """Checkpoint the current update: every rank proves its replica, rank 0 writes.
         A sync point. Raises ReplicaMismatch (after saving, never as latest) if they differ."""
-        step, model, opt, layout = self.state.step, self.model, self.optimizer, self.layout
+        step, layout = self.state.step, self.layout
         self.watchdog.progress("checkpoint")
-        digests = self.cluster.gather_bytes(store.replica_digest(model.parameters(), opt.state))
+        digests = self.cluster.gather_bytes(self.stepper.replica_digest())
         # Replicas of the same slice must hold the same bytes (in data parallelism: every rank).
         slices = [digests[t :: layout.tensor] for t in range(layout.tensor)]
         agree = all(len(set(d)) == 1 for d in slices)
-        params, opt_state = model.parameters(), opt.state
-        if layout.tensor_group is not None and layout.replica == 0:
+        if layout.tensor_group is None:
+            trees = self.stepper.checkpoint_trees(self.cluster)  # sharded: gathered into rank 0
+        elif layout.replica == 0:
             # One logical checkpoint: replica 0's group gathers the whole model for rank 0
             # (a collective, tensor by tensor; the other ranks drop each one as it comes).
-            keep = self.cluster.is_root
-            params = tensor.gather_tree(params, layout.tensor_group, keep=keep)
-            opt_state = tensor.gather_tree(opt_state, layout.tensor_group, keep=keep)
+            keep, group = self.cluster.is_root, layout.tensor_group
+            trees = tuple(
+                tensor.gather_tree(t, group, keep=keep)
+                for t in (self.model.parameters(), self.optimizer.state)
+            )
+        else:
+            trees = None  # another replica's slices: replica 0's group holds the same
         path = None
         if self.cluster.is_root:
+            params, opt_state = trees
             try:
                 path = store.save(
                     self.cfg.run_dir,
@@ -234,6 +249,9 @@ class Run:
             except catalog.NoSpace as e:
                 self.checkpoint_failed(str(e))
                 return None
+            except catalog.LatestNotMoved as e:  # saved and verified: only the hint is old
+                path = e.path
+                print(f"fleet train: warning: {e}; --resume latest still finds it", file=sys.stderr)
             self.event("checkpoint", f"saved {path}", path=str(path), verified=agree)
         self.last_saved, self.saved_at = path, step
         if not agree:
@@ -273,7 +291,12 @@ class Run:
 
     # --- signs of life for the peers and the launcher (trainer/heartbeat.py)
     def beat(self, stage: str, since: float) -> None:
-        heartbeat.write(self.cfg.run_dir, self.cluster.rank, stage, self.state.step, since)
+        """About once a second, from the watchdog thread: the beat, and (rank 0) what the run
+        folder should hold put back if it went missing. Neither may end the run."""
+        with contextlib.suppress(OSError):  # a full disk: advisory, tried again next second
+            heartbeat.write(self.cfg.run_dir, self.cluster.rank, stage, self.state.step, since)
+        if self.keeper is not None:
+            self.keeper.check()
 
     def culprit(self) -> str:
         """The peer that stopped making progress, from the beats in the run folder, or ""."""

@@ -1,7 +1,7 @@
 """Where the loop is: the step, the tokens and the data cursor, the split in force, the evals.
 
 Saved with every checkpoint as `state.json` (the same keys as ever: older checkpoints load) and
-restored on resume; `start_step` and `evals_since_best` belong to one session.
+restored on resume; `start_step`, `evals_since_progress` and `progress` belong to one session.
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ class LoopState:
     evals: list[list[float]] = field(default_factory=list)  # [step, val loss], newest last
     best: dict[str, Any] | None = None  # {"step", "val_loss"} of the lowest val loss so far
     start_step: int = 0  # the step this session began at (evaluations start after it)
-    evals_since_best: int = 0  # early-stop patience counts within one session
+    # Early stopping, within one session: the evaluation that last beat the one before it by
+    # --early-stop-min-delta ({"step", "val_loss"}; None: `best` at the start), and how many
+    # evaluations since.
+    progress: dict[str, Any] | None = None
+    evals_since_progress: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The state as a checkpoint's state.json holds it."""
@@ -38,7 +42,7 @@ class LoopState:
         """A state read back from `saved` (unknown keys ignored), with this session's split."""
         known = {f.name for f in fields(cls)}
         state = cls(**{k: v for k, v in saved.items() if k in known and k != "split"}, split=split)
-        state.start_step, state.evals_since_best = state.step, 0
+        state.start_step, state.evals_since_progress, state.progress = state.step, 0, None
         return state
 
     def note_eval(self, val_loss: float) -> None:

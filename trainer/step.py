@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -12,10 +13,12 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from trainer import memory
+from trainer.checkpoint import store
 from trainer.distributed import Cluster
 from trainer.model import tensor
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
+from trainer.shard import Shard
 
 Tree = dict
 
@@ -119,13 +122,22 @@ class Stepper:
         pad_id: int,
         grad_clip: float,
         loss_chunk: int = 0,
+        loss_head: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
+        shard: Shard | None = None,
+        templates: tuple[Tree, Tree] | None = None,
         tensor_group: mx.distributed.Group | None = None,
     ):
         self.model, self.optimizer = model, optimizer
+        # --shard-optimizer: this rank steps its share (trainer/shard.py); `templates` are
+        # the full parameter and optimizer-state trees' shapes (lazy, never evaluated), for
+        # gathering a checkpoint.
+        self.shard, self.templates = shard, templates
         self.pad_id, self.grad_clip = pad_id, grad_clip
-        self.loss_chunk = loss_chunk  # tokens per chunk of the loss head (0: all at once)
+        self.limit = memory.Limit("none", None)  # --memory-limit-gb: the builder's
+        self.loss_chunk = loss_chunk  # rows per chunk of the fused head (0: by vocabulary)
+        self.fused_head = {"auto": None, "fused": True, "plain": False}[loss_head]
         self.compute_dtype = mx.float32 if precision == "fp32" else mx.bfloat16
         self.cast = precision == "mixed"
         self.twin = GPT(model.cfg)  # lazily initialized arrays: never evaluated, cost nothing
@@ -150,8 +162,13 @@ class Stepper:
         self._micro = mx.compile(self._micro_impl)
         self._unrolled = mx.compile(self._unrolled_impl)
         self._eval = mx.compile(partial(self._loss_sums, grad=False))
-        state = [model.state, optimizer.state]
-        self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+        if shard is None:
+            state = [model.state, optimizer.state]
+            self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
+        else:  # the weights are read (the rows this rank steps), the masters written
+            state = [shard.master, optimizer.state]
+            compile_ = partial(mx.compile, inputs=[model.state, *state], outputs=state)
+            self._apply = compile_(self._apply_impl)
 
     # --- one update: microsteps, barrier, all-reduce, optimizer (the only definition of it)
     def update(
@@ -168,20 +185,28 @@ class Stepper:
         `stage` hears each phase as it starts ("compute", "barrier", "all-reduce",
         "optimizer"): the watchdog's view of where a stuck update is.
         """
+        with self.limit.update() as seen:  # resets the peak; auto may measure the live set
+            return self._update(batches, lr, sequential, cluster, stage, seen)
+
+    def _update(self, batches, lr, sequential, cluster, stage, seen: dict) -> UpdateFigures:
         stage("compute")
         t_start = time.perf_counter()
-        memory.reset_peak()
+        samples = 0
         if sequential:
             acc = loss_sum = ntok = None  # the first microstep writes the accumulators
             for batch in batches:
+                samples += batch.shape[0]
                 acc, loss_sum, ntok = self.microstep(acc, loss_sum, ntok, batch)
                 mx.eval(acc, loss_sum, ntok)  # a sync point: frees this microbatch's graph
             if acc is None:  # no microbatch: nothing to add (every rank still steps)
                 acc = zeros_f32(self.model.trainable_parameters())
                 loss_sum, ntok = mx.array(0.0), mx.array(0.0)
         else:
-            acc, loss_sum, ntok = self.unrolled(list(batches))
+            batches = list(batches)
+            samples = sum(b.shape[0] for b in batches)
+            acc, loss_sum, ntok = self.unrolled(batches)
             mx.eval(acc, loss_sum, ntok)
+        seen["samples"] = samples
         compute_s = time.perf_counter() - t_start
 
         wait_s = transfer_s = 0.0
@@ -197,7 +222,14 @@ class Stepper:
 
         stage("optimizer")
         t0 = time.perf_counter()
-        grad_norm = self.apply(acc, sums[1], lr)
+        if self.shard is None:
+            grad_norm = self.apply(acc, sums[1], lr)
+        else:
+            # The step reads the accumulators, then they go before the new weights travel:
+            # the rows' step and the sending never hold the FP32 sums at once.
+            grad_norm, new = self.step_rows(acc, sums[1], lr)
+            del acc
+            self.send_rows(new, cluster)
         mx.eval(self.model.parameters(), self.optimizer.state, grad_norm)
         loss_total, tokens = sums.tolist()
         t_end = time.perf_counter()
@@ -213,6 +245,53 @@ class Stepper:
             update_s=t_end - t_start,
         )
 
+    # --- what this rank holds, for telemetry; what it saves
+    def resident_bytes(self) -> int:
+        """Bytes of master weights and optimizer state this rank holds (sharded under mixed:
+        its FP32 rows; otherwise the weights, which are the masters, whole)."""
+        masters = self.model.trainable_parameters()
+        if self.shard is not None and self.shard.precision == "mixed":
+            masters = self.shard.master
+        held = tree_flatten([masters, self.optimizer.state])
+        return sum(a.nbytes for _, a in held if isinstance(a, mx.array))
+
+    def memory_fields(self) -> dict:
+        """The memory figures of `records.Update`: the limit's, the optimizer's share and the
+        bytes of master weights and optimizer state this rank holds."""
+        return {
+            **self.limit.figures(),
+            "opt_share": 1.0 if self.shard is None else self.shard.fraction,
+            "resident_mem": self.resident_bytes(),
+        }
+
+    def replica_digest(self) -> bytes:
+        """What every rank's replica must agree on: the weights and optimizer state, or,
+        sharded, the weights, the layout, and that this rank's masters are its rows of the
+        weights (the optimizer shards are disjoint: each is checked against the weights its
+        owner sent, which every rank then holds)."""
+        params = self.model.parameters()
+        if self.shard is None:
+            return store.replica_digest(params, self.optimizer.state)
+        h = hashlib.sha256(store.replica_digest(params) + self.shard.layout.digest())
+        if not self.shard.consistent(params):
+            h.update(f"rank {self.shard.rank}: masters differ from the weights".encode())
+        return h.digest()
+
+    def checkpoint_trees(self, cluster: Cluster | None) -> tuple[Tree, Tree] | None:
+        """(weights, optimizer state) as one logical checkpoint, on rank 0 (None elsewhere):
+        sharded, every rank takes part in gathering the masters and the state (a collective),
+        one tensor at a time."""
+        if self.shard is None:
+            return self.model.parameters(), self.optimizer.state
+        group, world = (cluster.group, cluster.size) if cluster else (None, 1)
+        root = cluster is None or cluster.is_root
+        shape, state_shape = self.templates
+        params = self.model.parameters()
+        if self.shard.precision == "mixed":
+            params = self.shard.gather(self.shard.master, shape, group, world, root)
+        state = self.shard.gather(self.optimizer.state, state_shape, group, world, root)
+        return (params, state) if root else None
+
     # --- loss: the sum of per-token cross-entropy over real tokens, and their count
     def _loss_sums(
         self, params: Tree, batch: mx.array, grad: bool = True
@@ -224,10 +303,12 @@ class Stepper:
         targets = batch[:, 1:].reshape(-1)
         mask = (targets != self.pad_id).astype(mx.float32)
         h, weight = h.reshape(-1, h.shape[-1]), self.twin.lm_head.weight
-        if self.tensor_group is not None:
+        if self.tensor_group is not None:  # the vocabulary is split: the head's own loss
             loss = tensor.tp_head_loss(h, weight, targets, mask, self.tensor_group, self.loss_chunk)
         else:
-            loss = head_loss(h, weight, targets, mask, self.loss_chunk, grad=grad)
+            loss = head_loss(
+                h, weight, targets, mask, self.loss_chunk, grad=grad, fused=self.fused_head
+            )
         return loss, mask.sum()
 
     # --- sequential accumulation: one microbatch per call, accumulators materialized by caller
@@ -278,14 +359,59 @@ class Stepper:
         if self.grad_clip > 0:
             scale = scale * mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
         params = self.model.trainable_parameters()
-        grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
-        self.optimizer.update(self.model, grads)
+        if self.shard is None:
+            grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
+            self.optimizer.update(self.model, grads)
+            return norm
+        # Sharded: the same arithmetic on this rank's rows (the norm is the whole gradient's:
+        # every rank holds the same sums); the new rows go to every rank in apply().
+        params = self.shard.params(params)
+        grads = tree_map(
+            lambda g, p: (g * scale).astype(p.dtype), self.shard.grads(grad_sum), params
+        )
+        new = self.optimizer.apply_gradients(grads, params)
+        if self.shard.precision == "mixed":
+            _assign(self.shard.master, new)
+        return norm, new
+
+    def apply(
+        self, grad_sum: Tree, ntok: mx.array, lr: float, cluster: Cluster | None = None
+    ) -> mx.array:
+        """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm.
+        Sharded, a collective: the new rows of every rank reach every rank."""
+        if self.shard is None:
+            self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
+            return self._apply(grad_sum, ntok)
+        norm, new = self.step_rows(grad_sum, ntok, lr)
+        self.send_rows(new, cluster)
         return norm
 
-    def apply(self, grad_sum: Tree, ntok: mx.array, lr: float) -> mx.array:
-        """One optimizer update from summed FP32 gradients; returns the pre-clip grad norm."""
+    def step_rows(self, grad_sum: Tree, ntok: mx.array, lr: float) -> tuple[mx.array, Tree]:
+        """Sharded: step this rank's rows (evaluated); (the pre-clip grad norm, the new rows)."""
         self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
-        return self._apply(grad_sum, ntok)
+        norm, new = self._apply(grad_sum, ntok)
+        mx.eval(norm, new, self.shard.master, self.optimizer.state)
+        return norm, new
+
+    def send_rows(self, new: Tree, cluster: Cluster | None) -> None:
+        """Sharded, a collective: every rank's new rows reach every rank's weights, a bucket
+        at a time (each bucket's old weights go as its new ones arrive)."""
+        dtype = next(p for _, p in tree_flatten(self.model.parameters())).dtype
+        group, world, size = (
+            (cluster.group, cluster.size, cluster.bucket_bytes) if cluster else (None, 1, 0)
+        )
+        for bucket in self.shard.distribute(new, dtype, group, world, size):
+            self.model.update(bucket)
+
+
+def _assign(tree, new) -> None:
+    """Put `new`'s leaves into `tree`'s containers in place (compile's outputs are found there)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for k, v in list(items):
+        if isinstance(v, (dict, list)):
+            _assign(v, new[k])
+        else:
+            tree[k] = new[k]
 
 
 class SlowedStepper(Stepper):

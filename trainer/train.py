@@ -69,8 +69,7 @@ def train(
             while state.step < cfg.updates:
                 step = state.step
                 if cfg.stop_at and step >= cfg.stop_at:
-                    say(f"stopping at update {step} (--stop-at); resume with --resume latest")
-                    break
+                    break  # evaluated and saved below, as the end of a run is
 
                 # --- control: rank 0's next command reaches every rank at this boundary
                 boundary(run, controller)
@@ -79,23 +78,13 @@ def train(
 
                 # --- evaluation and samples (before the update, so step 0 is measured too)
                 evaluated = cfg.eval_every and step % cfg.eval_every == 0
-                if evaluated and step > state.start_step:
-                    watchdog.progress("eval")
-                    val_loss, val_tokens = evaluation.evaluate(run)
-                    say(f"eval  step {step}: val loss {val_loss:.4f} over {val_tokens:,} tokens")
-                    if (why := evaluation.note_eval(run, val_loss, val_tokens)) is not None:
-                        say(why)
-                        evaluation.stop_early(
-                            run, why
-                        )  # with a checkpoint: --resume latest goes on
-                        break
+                if evaluated and step > state.start_step and (why := evaluate(run, say)):
+                    say(evaluation.stop_early(run, why))  # with a checkpoint
+                    break
                 # the "test sentence": with each evaluation, and every --sample-every updates
                 sampled = cfg.sample_every and step % cfg.sample_every == 0
                 if run.layout.samples and (sampled or (evaluated and step and run.data.tokenizer)):
-                    text = evaluation.sample(run)
-                    say(f"sample step {step}: {text!r}")
-                    if cluster.is_root:
-                        run.event("sample", text[:200], prompt=cfg.prompt, text=text)
+                    sample_text(run, say)  # every rank of a tensor-parallel group takes part
 
                 # --- one update: accum microsteps, the all-reduce, then the optimizer
                 # The global RNG is reseeded from (seed, step) every update, so anything random
@@ -127,8 +116,17 @@ def train(
                 if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
                     run.save()
 
-            if not run.stopping and run.saved_at != state.step:
-                run.save()
+            # --- the end (or --stop-at): the model the run ends with is evaluated too, as
+            # nanochat's last step is, so `best` can be the final model; a stop command or a
+            # signal ends at once instead (its checkpoint is saved; evaluation would delay it)
+            if not run.stopping:
+                last = state.evals[-1][0] if state.evals else None
+                if cfg.eval_every and state.step > state.start_step and last != state.step:
+                    evaluate(run, say)  # patience is moot now: the run ends here anyway
+                    if cluster.is_root and run.data.tokenizer:
+                        sample_text(run, say)
+                if run.saved_at != state.step:
+                    run.save()
         if run.saved_at != state.step:  # the last save failed: say what is not saved
             print(
                 f"fleet train: stopped at update {state.step} without a checkpoint of it; "
@@ -137,7 +135,14 @@ def train(
                 flush=True,
             )
             return 1
-        say(f"done: {state.step} updates, {state.tokens:,} tokens; checkpoint {run.last_saved}")
+        if state.step < cfg.updates:  # --stop-at, a stop command, a signal, an early stop
+            how = f"{state.step} of {cfg.updates} ({run.stop_reason or '--stop-at'})"
+            say(
+                f"stopped at update {how}; checkpoint {run.last_saved}; to go on: "
+                f"{run.resume_command()}"
+            )
+        else:
+            say(f"done: {state.step} updates, {state.tokens:,} tokens; checkpoint {run.last_saved}")
         clean = True
         return 0
     except FloatingPointError as e:
@@ -159,6 +164,23 @@ def train(
         run.commands.refuse_all("the run has ended")
         run.alerts.close()
         run.reporter.close()
+
+
+def evaluate(run: Run, say) -> str | None:
+    """Evaluate at this boundary and keep `best`; why the run should stop early, or None."""
+    run.watchdog.progress("eval")
+    val_loss, val_tokens = evaluation.evaluate(run)
+    say(f"eval  step {run.state.step}: val loss {val_loss:.4f} over {val_tokens:,} tokens")
+    return evaluation.note_eval(run, val_loss, val_tokens)
+
+
+def sample_text(run: Run, say) -> None:
+    """A sample from --prompt, printed and sent as an event by rank 0 (in tensor parallelism
+    the whole group generates it: each rank holds a slice of the model)."""
+    text = evaluation.sample(run)
+    say(f"sample step {run.state.step}: {text!r}")
+    if run.cluster.is_root:
+        run.event("sample", text[:200], prompt=run.cfg.prompt, text=text)
 
 
 def boundary(run: Run, controller: Controller) -> None:

@@ -21,8 +21,8 @@ HELP = """\
   [green]█[/green] compute  [yellow]░[/yellow] waiting for the slowest rank  \
 [blue]▒[/blue] all-reduce + optimizer
   Bars share one scale: a short bar is a rank that finished early.
-  [bold red]»[/bold red][bold white on red]3[/bold white on red] the straggler, the rank \
-everyone waits for: press r to rebalance.
+  [bold red]»[/bold red][bold white on red]  3[/bold white on red] the straggler (here rank \
+3), the rank everyone waits for: press r to rebalance.
   [on #0b4f80] blue band [/] the rank ↑ ↓ chose (the cursor), whatever its state.
   memory: █ active  ▓ peak above active  ░ allocator cache  · free
   [bold red]![/bold red] after memory: swap in use, or the OS reports memory pressure.

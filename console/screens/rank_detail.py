@@ -83,6 +83,16 @@ def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
         f"\nactive {fmt.nbytes(u.active_mem)}  peak {fmt.nbytes(u.peak_mem)}  cache "
         f"{fmt.nbytes(u.cache_mem)}  of {fmt.nbytes(total)}"
     )
+    if u.mem_budget or u.live_mem:  # issue 20: the memory limit and what it is made of
+        out.append(
+            f"\nlive set {fmt.nbytes(u.live_mem or 0)}  limit {fmt.nbytes(u.mem_limit or 0)}  "
+            f"budget {fmt.nbytes(u.mem_budget or 0)}"
+        )
+    if u.resident_mem:  # the optimizer's share this rank steps, and what it holds for it
+        out.append(
+            f"\noptimizer share {(u.opt_share or 1.0):.1%}  master weights + state "
+            f"{fmt.nbytes(u.resident_mem)}"
+        )
     if u.sys_mem_used or u.sys_mem_available:
         out.append(
             f"\nsystem: used {fmt.nbytes(u.sys_mem_used)}  available "

@@ -158,7 +158,7 @@ class RebalanceScreen(ModalScreen[list[int] | None]):
             ("new", "right"),
             ("compute now → new", "right"),
             ("peak new / limit", "right"),
-            ("cap", "right"),
+            ("max batch", "right"),
         ]:
             t.add_column(name, justify=justify)  # type: ignore[arg-type]
         fit = len(self.models) == len(self.current)
@@ -189,6 +189,11 @@ class RebalanceScreen(ModalScreen[list[int] | None]):
         if p is None:
             text.append(f"No proposal: {self.why or 'not enough data'}. ", "yellow")
             text.append("You can still type a split; it is checked before it is sent.")
+            text.append(
+                f"\nmax batch: the largest local batch that fits a rank's memory limit with "
+                f"{self.headroom:.0%} of it kept free (∞: no limit known)",
+                "bright_black",
+            )
             return text
         text.append("proposed ")
         text.append(",".join(map(str, p.split)), "bold")
@@ -209,6 +214,8 @@ class RebalanceScreen(ModalScreen[list[int] | None]):
         if not p.confident:
             text.append(f"\n⚠ a guess: {p.reason}", "yellow")
         text.append(
-            f"\nmemory headroom kept: {self.headroom:.0%} of each rank's memory", "bright_black"
+            f"\nmax batch: the largest local batch that fits a rank's memory limit with "
+            f"{self.headroom:.0%} of it kept free (∞: no limit known)",
+            "bright_black",
         )
         return text

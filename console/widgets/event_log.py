@@ -40,6 +40,8 @@ def format_line(line: LogLine) -> Text:
     if line.step is not None:
         text.append(f"@{line.step} ", "bright_black")
     text.append(line.text, LEVEL_STYLE.get(line.level, ""))
+    if line.kind == "sample":  # generated text is the least of the news: one row, cut
+        text.no_wrap, text.overflow = True, "ellipsis"
     return text
 
 

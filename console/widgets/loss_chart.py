@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -9,6 +11,9 @@ from textual.widget import Widget
 from console import render
 
 Y_LABEL = 7  # width of the y-axis labels
+# The y axis spans at least this fraction of the loss (or MIN_SPAN): 5.76-5.77 drew noise as
+# a full-height V; 2% of 5.77 is 0.12, about what a first minute of learning moves.
+MIN_SPAN, MIN_SPAN_SHARE = 0.05, 0.02
 
 
 class LossChart(Widget):
@@ -44,7 +49,12 @@ class LossChart(Widget):
             return Text("waiting for the first update…", style="bright_black")
         plot_w = max(1, width - Y_LABEL)
         plot_h = max(1, height - 1)
-        rows, (x0, x1), (y0, y1) = render.braille_plot(self.points, self.evals, plot_w, plot_h)
+        ys = [abs(y) for _, y in [*self.points, *self.evals] if math.isfinite(y)]
+        level = max(ys, default=0.0)
+        floor = max(MIN_SPAN, MIN_SPAN_SHARE * level)
+        rows, (x0, x1), (y0, y1) = render.braille_plot(
+            self.points, self.evals, plot_w, plot_h, min_span=floor
+        )
         out = []
         for i, row in enumerate(rows):
             label = f"{y1:.3g}" if i == 0 else f"{y0:.3g}" if i == plot_h - 1 else ""

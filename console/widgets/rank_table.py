@@ -151,7 +151,8 @@ class RankTable(ScrollView, can_focus=True):
         Binding("pagedown", "cursor(10)", show=False),
         Binding("home", "cursor(-100000)", show=False),
         Binding("end", "cursor(100000)", show=False),
-        Binding("enter", "select", "Detail"),
+        # Not in the footer: 80 columns hold the run's keys and ? Help, which lists this one.
+        Binding("enter", "select", "Detail", show=False),
     ]
 
     cursor: reactive[int] = reactive(0)

@@ -63,32 +63,38 @@ class RunHeader(Widget):
         run_id = h.run_id if len(h.run_id) <= 24 else h.run_id[:23] + "…"
         top.append(f"  {run_id or '—'}", "bright_black")
 
+        # The second line, most telling first, since 80 columns cut its end: how a replay
+        # ended, then what needs a person (an alert, the straggler), then the figures.
         low = Text()
-        if h.ended:  # first: how the run ended is what a finished replay is about
+        if h.ended:
             low.append(h.ended, "bold")
             low.append("  ")
-        low.append(fmt.count(h.tokens_per_s), "bold")
-        low.append(" tok/s  update ")
-        low.append(fmt.secs(h.update_s), "bold")
-        low.append("  loss ")
+        if h.alert:
+            low.append(f"⚠ {h.alert}  ", "bold red")
+        if h.straggler is not None:
+            low.append("straggler ")
+            low.append(f"» rank {h.straggler}", "bold red")
+            low.append("  ")
+        if h.warning:
+            low.append(f"⚠ {h.warning}  ", "yellow")
+        low.append("loss ")
         low.append("—" if h.loss is None else f"{h.loss:.4f}", "bold")
         if h.val_loss is not None:
             low.append("  val ")
             low.append(f"{h.val_loss:.4f}", "bold magenta")
         if h.best is not None:
             low.append(f"  best {h.best[1]:.4f} @{h.best[0]:,}", "magenta")
-        if not h.ended:
+        # Rates and the ETA only while updates come: a paused or stopped run has neither.
+        if h.status == "running" or h.ended:
+            low.append("  ")
+            low.append(fmt.count(h.tokens_per_s), "bold")
+            low.append(" tok/s  update ")
+            low.append(fmt.secs(h.update_s), "bold")
+        if h.status == "running" and not h.ended:
             low.append("  ETA ")
             low.append(fmt.duration(h.eta_s), "bold")
-        if h.straggler is not None:
-            low.append("  straggler ")
-            low.append(f"» rank {h.straggler}", "bold red")
         if h.autopilot:
             low.append("  autopilot", "bold cyan")
-        if h.alert:
-            low.append(f"  ⚠ {h.alert}", "bold red")
-        if h.warning:
-            low.append(f"  ⚠ {h.warning}", "yellow")
         out = Text("\n").join([top, low])
         out.no_wrap, out.overflow = True, "ellipsis"  # two lines, always: cut, never wrap
         return out

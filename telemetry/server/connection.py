@@ -24,7 +24,7 @@ from telemetry.framing import Decoder, FramingError
 from telemetry.records import Dropped, Reply
 
 _CHUNK = 64 << 10  # bytes handed to one send()
-_RECV = 64 << 10  # bytes taken from one recv()
+_RECV = 16 << 10  # bytes taken from one recv() (a buffer of this size is allocated for each)
 CLOSE_GRACE_S = 2.0  # how long an error reply may take to drain before the socket closes
 
 
@@ -63,7 +63,7 @@ class Connection:
         if probation:
             self.probation_until = time.monotonic() + limits.command_timeout
         self.stalled_since: float | None = None  # output waiting, untaken by the peer, since
-        self.decoder = Decoder()
+        self.decoder: Decoder | None = None  # made when the peer first sends something
         self.ctl: collections.deque[bytes] = collections.deque()
         self.out: collections.deque[bytes] = collections.deque()
         self.cap = cap
@@ -105,6 +105,8 @@ class Connection:
             return
         if self.closing_at is not None:
             return  # already failed: input is ignored until the socket closes
+        if self.decoder is None:
+            self.decoder = Decoder()
         try:
             messages = self.decoder.feed(data)
         except FramingError as e:
@@ -114,7 +116,7 @@ class Connection:
             self._on_message(obj)
             if self.closing_at is not None or self.closed:
                 return
-        if self.decoder.pending:
+        if self.decoder is not None and self.decoder.pending:
             self.partial_since = self.partial_since or time.monotonic()
         else:
             self.partial_since = None
@@ -261,4 +263,6 @@ class Connection:
         self.interest = 0
         self.ctl.clear()
         self.out.clear()
+        self.pending = memoryview(b"")
+        self.decoder = None  # its buffer goes now, not when the pool forgets this object
         self.sock.close()

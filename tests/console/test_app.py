@@ -506,3 +506,48 @@ async def test_the_header_shows_the_best_the_autopilot_and_alerts_and_a_toggles_
         assert isinstance(app.screen, ConfirmScreen) and feed.sent == []
         await pilot.press("y")
         await until(pilot, lambda: feed.sent == [("autopilot", {"on": False})])
+
+
+@aio
+async def test_a_paused_or_stopped_header_shows_no_rate_and_no_eta(feed):
+    """Issue 18, defect 9: a paused or stopped run still showed tok/s and an ETA."""
+    app = FleetApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, feed)
+        header = lambda: app.query_one(RunHeader).render().plain  # noqa: E731
+        assert "tok/s" in header() and "ETA" in header()
+        feed.push([(0, Event("paused", 0, 20, time=T0 + 50))])
+        await until(pilot, lambda: "PAUSED" in header())
+        assert "tok/s" not in header() and "ETA" not in header()
+        assert "straggler » rank 3" in header() and "loss" in header()
+        feed.push([(0, Event("stopped", 0, 20, "stopped by a stop command", time=T0 + 51))])
+        await until(pilot, lambda: "STOPPED" in header())
+        assert "tok/s" not in header() and "ETA" not in header()
+
+
+def test_a_multi_line_message_is_one_log_line_and_the_autopilot_measures():
+    from console.events import event_line
+
+    sample = Event("sample", 0, 5, "def f():\n    return 1\n", {"text": "def f():\n..."})
+    assert event_line(sample) == ("info", "sample: def f():⏎    return 1⏎")
+    measured = Event(
+        "autopilot",
+        0,
+        40,
+        "split [3, 1] -> [2, 2]: slowest compute 300 -> 200 ms",
+        {"from": [3, 1], "to": [2, 2], "after_s": 0.2, "before_s": 0.3},
+    )
+    assert event_line(measured)[1] == (
+        "autopilot measured its rebalance to 2,2: the slowest rank's compute went "
+        "300 → 200 ms (-33%)"
+    )
+
+
+def test_a_stop_reply_says_how_the_run_goes_on():
+    """Issue 18, defect 11: every stop, `s` too, prints the command that continues the run."""
+    from console.events import reply_line
+    from telemetry.records import Reply
+
+    cmd = "fleet launch -n 4 -- train --resume latest --run-dir runs/x"
+    reply = Reply(id=3, ok=True, result={"step": 40, "path": "p", "resume": cmd})
+    assert reply_line(reply, "stop") == ("good", f"✓ stop: applied at update 40; to go on: {cmd}")

@@ -44,6 +44,13 @@ def test_demo_commands(tmp_path):
         "--port-base",
         "49000",
     ]
+    # issue 18, defect 10: a finite run (it was 100,000 updates: a 32 h ETA, 5,000 warm-up
+    # updates), with evaluations for the chart's dots
+    assert int(args["--updates"]) == demo.UPDATES <= 5000
+    assert float(args["--warmup"]) * demo.UPDATES <= 30 and args["--eval-every"] == "100"
+    assert demo.resume_command(Path("runs/d")).endswith(
+        "launch -n 4 -- train --resume latest --run-dir runs/d"
+    )
     with pytest.raises(ValueError, match="slowdown"):
         demo.launch_command(Path("d"), Path("r"), split=(1, 2), slowdown=(1,))
 

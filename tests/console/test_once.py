@@ -70,3 +70,16 @@ def test_once_with_nothing_listening_is_one_line_with_advice():
         "nothing listening on 127.0.0.1:5000-5002: no run serves there; "
         "replay it with: fleet console --replay R"
     ]
+
+
+def test_a_run_folder_that_is_not_there_is_named(tmp_path, capsys):
+    """Issue 18, defect 11: `--local --run-dir nope --once` said "--local needs -n N"."""
+    from fleet.cli import main as fleet
+
+    argv = ["console", "--local", "--run-dir", str(tmp_path / "nope"), "--once"]
+    assert fleet(argv) == 2
+    assert f"--run-dir {tmp_path / 'nope'}: no such run folder" in capsys.readouterr().err
+    (tmp_path / "new").mkdir()
+    assert fleet(["console", "--local", "--run-dir", str(tmp_path / "new"), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "has recorded no telemetry ports yet" in err and "-n N" in err

@@ -49,6 +49,12 @@ def main() -> int:
     p.add_argument("--split", default="")
     p.add_argument("--slow", default="", help="per-rank per-sample slowdown factors")
     p.add_argument("--run-id", default="", help="default: the real id of --run-dir")
+    p.add_argument(
+        "--news",
+        action="store_true",
+        help="rank 0 also says, at update 3, what a console must show whole: a sample of "
+        "several lines, an alert, and the autopilot's measured follow-up of a rebalance",
+    )
     a = p.parse_args()
 
     run = Path(a.run_dir)
@@ -94,6 +100,9 @@ def main() -> int:
             if st.get("paused"):
                 continue
             step += 1
+            if a.news and a.rank == 0 and step == 3:
+                for e in news(step, split):
+                    hub.on_event(e)
             b = split[a.rank]
             per = [0.01 * s for s in slow]
             compute = per[a.rank] * b
@@ -124,6 +133,19 @@ def main() -> int:
             )
     finally:
         hub.close()
+
+
+def news(step: int, split: list[int]) -> list[Event]:
+    """What `--news` says at update `step`: each as the trainer would send it."""
+    code = "def f(x):\n    return x + 1\n\nprint(f(2))"
+    measured = {"from": split, "to": split[::-1], "after_s": 0.2, "before_s": 0.3}
+    return [
+        Event("sample", 0, step, code, {"prompt": "def ", "text": code}),
+        Event("alert", 0, step, "memory: rank 1 swaps 2.0 GiB", {"alert": "memory"}),
+        Event(
+            "autopilot", 0, step, f"split {split} -> {split[::-1]}: slowest 300 -> 200", measured
+        ),
+    ]
 
 
 def apply(cmd, st: dict, step: int, hub: Hub, world: int) -> dict:

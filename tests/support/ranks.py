@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -90,6 +92,40 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, f"no checkpoint {step} in {timeout} s"
         time.sleep(0.1)
+
+
+def run_processes(run: Path) -> list[psutil.Process]:
+    """Every process on this machine that belongs to the run (its folder is in the command),
+    this one excepted."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if str(run) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until_gone(run: Path, timeout: float) -> list[psutil.Process]:
+    """Until no process of the run is left, or `timeout` s; what is left (then killed)."""
+    deadline = time.monotonic() + timeout
+    while (left := run_processes(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return left
+
+
+def last_update(run: Path, rank: int = 0) -> int:
+    """The step of the newest update rank `rank` logged."""
+    from telemetry.arrowlog import read_updates
+
+    rows = read_updates(run, rank).to_pylist()
+    return max((r["step"] for r in rows), default=0)
 
 
 def assert_close_weights(a: dict, b: dict, rel: float = 1e-5) -> float:

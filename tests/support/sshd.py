@@ -150,12 +150,21 @@ class SSHD:
 class FakeRanks:
     """`world` fake rank processes (support/fake_rank.py) serving on this machine's loopback."""
 
-    def __init__(self, run_dir: Path, world: int, port_base: int, split: str = "", slow: str = ""):
+    def __init__(
+        self,
+        run_dir: Path,
+        world: int,
+        port_base: int,
+        split: str = "",
+        slow: str = "",
+        news: bool = False,
+    ):
         self.run_dir = run_dir
         self.world = world
         self.port_base = port_base
         self.procs: list[subprocess.Popen] = []
         extra = (["--split", split] if split else []) + (["--slow", slow] if slow else [])
+        extra += ["--news"] if news else []
         for r in range(world):
             self.procs.append(
                 subprocess.Popen(

@@ -85,6 +85,35 @@ def test_grad_checkpoint_keeps_fewer_activations():
     assert ckpt["peak_bytes"] < plain["peak_bytes"]
 
 
+def test_throughput_reports_the_peak_and_the_live_set():
+    """The default limit (auto) brings the peak to the live set; without one (0) the CPU's
+    stream runs ahead and the peak holds more."""
+    default, unlimited = (
+        _throughput(
+            "--vocab", "4096", "--loss-chunk", "32", "--memory-limit-gb", m, "--no-breakdown"
+        )
+        for m in ("auto", "0")
+    )
+    assert default["memory_limit"] == "auto" and unlimited["memory_limit"] == "0"
+    for r in (default, unlimited):
+        assert r["live_set_bytes"] > 0 and r["peak_over_live"] > 0
+    # auto's limit: the live set measured at the first update, + 5%; none without a limit
+    assert 0 < default["memory_limit_bytes"] < 1.2 * default["live_set_bytes"]
+    assert unlimited["memory_limit_bytes"] is None
+    assert default["peak_bytes"] < unlimited["peak_bytes"]
+    assert default["peak_over_live"] < 1.25
+
+
 def test_cuda_graphs_setting_reaches_the_measuring_process():
     r = _throughput("--cuda-graphs", "off", "--no-breakdown")
     assert r["cuda_graphs"]["MLX_USE_CUDA_GRAPHS"] == "0" and r["memory"] is None
+
+
+def test_throughput_says_the_device_in_words():
+    """Issue 18, defect 14: `bench throughput` printed `Device(cpu, 0)`."""
+    proc = run_fleet(
+        *("bench", "throughput", *TINY, "--local-batch", "2", "--updates", "1", "--warmup", "1"),
+        "--no-breakdown",
+    )
+    assert "Device(" not in proc.stdout and ", cpu: " in proc.stdout
+    assert " MiB (" in proc.stdout  # a small peak reads in MiB, not "0.00 GiB"

@@ -111,3 +111,50 @@ def test_console_in_a_real_terminal(tmp_path):
     finally:
         term.kill()
         ranks.stop()
+
+
+def test_at_80_columns_what_matters_stays_and_every_key_shows(tmp_path):
+    """Issue 18, defect 9, in a real 80x24 terminal: the alert and the straggler lead the
+    header's second line (they were cut first); a paused run shows no tok/s and no ETA; the
+    footer has `a` and `l`; a sample of several lines stays one line of the log; the
+    autopilot's follow-up reads as a measurement; the rebalance dialog explains "max batch";
+    help's straggler example looks like the rows' marker."""
+    ranks = FakeRanks(tmp_path / "run", 4, free_port_base(4), slow="1,1,1,3", news=True)
+    command = shlex.join(
+        [
+            *(sys.executable, "-m", "fleet.cli", "console", "--local", "-n", "4"),
+            *("--port-base", str(ranks.port_base), "--run-dir", str(ranks.run_dir)),
+        ]
+    )
+    term = Tmux(f"fleet-test80-{os.getpid()}", f"cd {shlex.quote(str(ROOT))} && {command}", 80, 24)
+    try:
+        term.wait_for("autopilot measured its")
+        screen = term.wait_for("? Help")  # the footer, drawn once the bindings are known
+        lines = screen.splitlines()
+        assert lines[1].startswith(" ⚠ memory: rank 1 swaps 2.0 GiB  straggler » rank 3  loss ")
+        assert "»  3 fake-3" in screen  # the row's marker, as the header and help say it
+        footer = [line for line in lines if line.strip()][-1]
+        for key in ("c Checkpoint", "p Pause", "a Autopilot", "l Reconnect", "? Help"):
+            assert key in footer, footer
+        assert "sample: def f(x):⏎    return x" in screen  # one row, cut
+        assert not any("│    return x + 1" in line for line in lines)  # no stray line
+        assert "compute went 300 → 200 ms (-33%)" in screen  # (wrapped in the pane)
+        term.keys("?")
+        help_screen = term.wait_for("A rank's line")
+        assert "»  3 the straggler (here rank 3)" in help_screen
+        term.keys("Escape")
+        term.wait_gone("A rank's line")
+        term.keys("r")
+        dialog = term.wait_for("max batch")
+        assert "max batch: the largest local batch that fits" in " ".join(dialog.split())
+        term.keys("Escape")
+        term.wait_gone("max batch:")
+        term.keys("p")
+        term.wait_for("Pause the run?")
+        term.keys("y")
+        screen = term.wait_for("PAUSED")
+        header = screen.splitlines()[1]
+        assert "tok/s" not in header and "ETA" not in header, header
+    finally:
+        term.kill()
+        ranks.stop()

@@ -87,3 +87,62 @@ def test_a_write_that_fails_midway_leaves_no_partial(tmp_path, monkeypatch):
             identity={},
         )
     assert os.listdir(catalog.root(tmp_path)) == []
+
+
+def fill(disk) -> None:
+    """Take every free byte of the tmpfs."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_start_on_a_full_disk_goes_on_with_one_line_errors(small_disk):
+    fill(small_disk)
+    run = small_disk / "run"
+    proc = run_fleet(
+        *("train", *TINY, "--run-dir", str(run), "--updates", "4", "--checkpoint-every", "2"),
+        *("--telemetry-port-base", "0"),
+        check=False,
+    )
+    err = proc.stderr
+    assert "Traceback" not in err, err[-3000:]
+    assert f"could not write {run / 'config.json'} (No space left on device)" in err
+    assert "control.key (No space left on device): commands wait until it can be" in err
+    assert "step 4/4" in proc.stdout  # trained to the end
+    assert "stopped at update 4 without a checkpoint of it; resume from the start" in err
+    assert proc.returncode == 1
+
+
+def test_a_resumed_run_whose_saves_fail_names_the_checkpoint_it_resumed(small_disk):
+    run = small_disk / "run"
+    both = ("--telemetry-port-base", "0", "--keep-checkpoints", "1")
+    run_fleet("train", *TINY, "--run-dir", str(run), "--updates", "2", *both)
+    fill(small_disk)
+    proc = run_fleet(
+        *("train", "--resume", "latest", "--run-dir", str(run), "--updates", "4", *both),
+        check=False,
+    )
+    err = proc.stderr
+    assert "Traceback" not in err and proc.returncode == 1
+    newest = catalog.step_dir(run, 2)
+    assert f"stopped at update 4 without a checkpoint of it; resume from {newest}" in err
+    assert "the start" not in err
+
+
+def test_a_latest_link_that_cannot_be_written_leaves_the_run_going(tmp_path):
+    run = tmp_path / "run"
+    (catalog.root(run) / catalog.LATEST / "in-the-way").mkdir(parents=True)  # not replaceable
+    proc = run_fleet(
+        *("train", *TINY, "--run-dir", str(run), "--updates", "3", "--checkpoint-every", "1"),
+        *("--telemetry-port-base", "0"),
+        check=False,
+    )
+    err = proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "step-000001 is saved, but latest could not be moved to it" in err
+    path, _, _ = catalog.resolve(run, "latest")  # the newest save is still found
+    assert path.name == "step-000003"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.support.fleet import fleet_env, free_port, run_fleet
+from tests.support.fleet import fleet_env, free_port, launch_args, run_fleet
 from tests.support.ranks import (
     TINY,
     assert_same_weights,
@@ -208,3 +209,24 @@ def test_ranks_under_plain_mpirun_train_the_same_model(tiny_data, tmp_path):
     assert "3 rank(s), split [3, 2, 1]" in proc.stdout
     for step in (1, 2):
         assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))
+
+
+def test_a_port_clash_names_its_rank_last_without_the_peers_noise(tiny_data, tmp_path):
+    # issue 18: rank 1's telemetry port is taken; its peers lose it in their first collective
+    base = free_port(4)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        proc = run_fleet(
+            *launch_args(3, tiny_data, tmp_path / "r", *TINY[:-2], "--updates", "3"),
+            "--telemetry-port-base",
+            str(base),
+            check=False,
+        )
+    err = proc.stderr
+    assert proc.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fleet launch: rank 1 failed first"), err[-3000:]
+    assert f"telemetry port {base + 1} on 127.0.0.1 is taken" in last
+    assert "Nothing was saved yet" in last and "--resume" not in err  # nothing to resume
+    assert err.count("[ring]") <= 1 and "lost contact" not in err

@@ -5,28 +5,16 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support.ranks import rank_pid, start, wait_for_updates
+from tests.support.fleet import run_fleet
+from tests.support.ranks import rank_pid, run_processes, start, wait_for_updates
 from trainer import heartbeat
 from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
-
-
-def run_processes(run: Path) -> list[psutil.Process]:
-    """Every process on this machine that belongs to the run (its folder is in the command)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if str(run) in " ".join(p.info["cmdline"] or []) and p.status() != "zombie":
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -37,10 +25,16 @@ def test_a_signal_to_fleet_launch_stops_every_rank_with_a_checkpoint(tiny_data, 
         rank_pid(run, 2)
         wait_for_updates(run)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=90)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, err[-3000:]
+    # the ranks got the signal fleet launch got: a Ctrl-C is reported as one (issue 18, 12),
+    # and the stop prints the exact command that goes on (issue 18, defect 11)
+    words = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}.get(signum, "SIGHUP")
+    assert f"to go on: fleet launch -n 3 -- train --resume latest --run-dir {run}" in out
+    report = run_fleet("report", str(run)).stdout
+    assert f" by {words}" in report and "on rank" not in report
     assert f"stopped on {signal.Signals(signum).name}: the ranks stopped" in err
     # a stop at a boundary: the newest checkpoint is verified and latest, the run resumable
     path, _, _ = catalog.resolve(run, "latest")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from telemetry.arrowlog import read_events
 from tests.support.fleet import ROOT, fleet_env, free_port
 from tests.support.ranks import TINY, assert_same_weights, single, weights
 from tests.support.sshd import sshd_missing
@@ -82,6 +83,8 @@ def test_ranks_started_over_ssh_train_the_same_model(tmp_path, ssh_path, tiny_da
     run = tmp_path / "two-hosts"
     out = launch(ssh_path, ["mac-a", "mac-b"], tiny_data, run, "2,1")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "fleet:" not in out.stdout + out.stderr  # the lifeline is never echoed back
+    assert "/tmp/" not in out.stdout.split("run ", 1)[0]  # nor mlx.launch's pid file lines
     for step in (1, 2):
         assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))
 
@@ -200,3 +203,90 @@ def test_fleet_check_names_a_refused_host_and_other_versions(tmp_path, ssh_path,
         out = check(ssh_path, hostfile, ["mac-a"], "--python", system)
         assert out.returncode == 1
         assert "problem: mac-a: mlx not installed, this machine has" in out.stdout
+
+
+def spawn_over_ssh(ssh_path, hosts, data, run, *opts) -> subprocess.Popen:
+    hostfile = run.parent / f"{run.name}-hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile), "--no-check"),
+        *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1)), *opts, "--"),
+        *("train", "--data", str(data), "--run-dir", str(run), "--local-batches", "2,2"),
+        *(*TINY, "--updates", "100000", "--checkpoint-every", "1", "--log-every", "1000"),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+
+
+def test_ranks_over_ssh_stop_with_a_checkpoint_when_fleet_launch_is_killed(
+    tmp_path, ssh_path, tiny_data
+):
+    from tests.support.ranks import last_update, wait_for_checkpoint, wait_until_gone
+
+    run = tmp_path / "orphaned"
+    proc = spawn_over_ssh(ssh_path, ["mac-a", "mac-b"], tiny_data, run, "--stop-grace", "60")
+    try:
+        wait_for_checkpoint(run, 2, proc)
+        proc.kill()  # the lifeline reaches the ranks through mlx.launch and their ssh sessions
+        proc.wait()
+        left = wait_until_gone(run, timeout=60)
+    finally:
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+    assert left == []
+    path, _, _ = catalog.resolve(run, "latest")
+    assert catalog.read_json(path, catalog.STATE)["step"] == last_update(run)
+
+
+def test_a_rank_whose_ssh_connection_goes_silent_stops_with_a_checkpoint(
+    tmp_path, ssh_path, tiny_data
+):
+    import psutil
+
+    from tests.support.ranks import rank_pid, wait_for_checkpoint, wait_until_gone
+
+    run = tmp_path / "silent"
+    proc = spawn_over_ssh(ssh_path, ["mac-a", "mac-b"], tiny_data, run, "--lifeline-timeout", "3")
+    client = None
+    try:
+        rank = psutil.Process(rank_pid(run, 1))
+        wait_for_checkpoint(run, 2, proc)
+        # rank 1's ssh client stops: its connection stays open but carries nothing (a cable
+        # pulled, a Mac asleep), so no hangup ever comes; only the lifeline's silence tells
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        client = next(p for p in kids if p.name() == "ssh" and "mac-b" in p.cmdline())
+        client.suspend()
+        rank.wait(timeout=60)  # both ranks stop at the next boundary (the stop rides along)
+        latest, _, _ = catalog.resolve(run, "latest")
+        step = catalog.read_json(latest, catalog.STATE)["step"]
+    finally:
+        if client is not None:
+            client.resume()
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+    events = [e for e in read_events(run, 0) if e.kind == "stopped"]
+    assert events and "a lost lifeline to fleet launch (rank 1)" in events[-1].message
+    assert step == events[-1].step
+
+
+def test_relative_paths_are_checked_where_the_ranks_will_read_them(tmp_path, ssh_path, tiny_data):
+    # the ranks start in the launch's working directory (mlx.launch's script cds there), so
+    # `fleet check` must look there too, not in the ssh login's home (it refused this run)
+    shutil.copytree(tiny_data, tmp_path / "data")
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in ("mac-a", "mac-b")]))
+    cmd = [
+        *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile)),
+        *("--backend", "ring", "--starting-port", str(free_port(3)), "--"),
+        *("train", "--data", "data", "--run-dir", "run", "--local-batches", "2,1"),
+        *(*TINY, "--updates", "1"),
+    ]
+    env = {**fleet_env(), "PATH": ssh_path}
+    env.pop("SSH_AUTH_SOCK", None)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "dataset missing" not in out.stdout + out.stderr
+    assert catalog.resolve(tmp_path / "run", "latest")[0].name == "step-000001"

@@ -45,3 +45,40 @@ def test_a_run_that_loses_a_rank_restarts_and_matches_an_unfailed_run(tiny_data,
     assert "restarted" in kinds
     report = run_fleet("report", str(run)).stdout
     assert "Restarts" in report and "rank 2" in report  # the restart and whom it was after
+
+
+@pytest.mark.slow
+def test_the_restart_line_names_the_update_the_rank_died_after(tiny_data, tmp_path):
+    import re
+
+    from tests.support.fleet import spawn_launch
+
+    run = tmp_path / "named"
+    proc = spawn_launch(
+        *(2, tiny_data, run, *TINY, "--local-batches", "2,2", "--updates", "40"),
+        *("--checkpoint-every", "1", "--log-every", "1000"),
+        launch_opts=("--restarts", "1", "--restart-backoff", "0.2", "--stop-grace", "10"),
+    )
+    try:
+        victim = rank_pid(run, 1)
+        wait_for_checkpoint(run, 6, proc)  # update 6 is done (it is saved)
+        psutil.Process(victim).send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    said = re.search(r"rank 1 (?:was killed|exited with code -9) after update (\d+); rest", err)
+    assert said, err[-3000:]
+    # never older than the newest checkpoint at the kill (beats lagged up to 1 s: 20 for 21)
+    restarted = next(e for e in read_events(run, 0) if e.kind == "restarted")
+    assert int(said.group(1)) >= 6
+    assert restarted.step >= int(said.group(1))  # it resumed from there or later
+
+
+def test_a_failure_before_the_first_update_says_so():
+    from trainer.launch.restart import Failure
+
+    assert Failure(1, "exited with code 3", -1).describe() == (
+        "rank 1 exited with code 3 before its first update"
+    )
+    assert Failure(0, "was killed", 21).describe() == "rank 0 was killed after update 21"

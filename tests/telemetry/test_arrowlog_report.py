@@ -109,7 +109,7 @@ def test_report_names_the_straggler_and_shows_the_rebalance(tmp_path):
     assert s["loss"]["first"]["step"] == 1 and s["loss"]["last"]["step"] == 60
     assert s["loss"]["min"]["loss"] <= s["loss"]["last"]["loss"] < s["loss"]["first"]["loss"]
     assert [e["step"] for e in s["evals"]] == [20, 40, 60]
-    assert s["events"]["rebalanced"] == 3  # one per rank, reported once
+    assert s["events"]["rebalanced"] == 1  # one rebalance of 3 ranks, counted once
 
     out = io.StringIO()
     render(s, Console(file=out, width=140))
@@ -137,6 +137,35 @@ def test_report_cli_json_and_errors(tmp_path, capsys):
         summarize(tmp_path / "missing")
 
 
+def test_report_reads_as_a_person_would_count_and_measure(tmp_path):
+    """Issue 18, defect 12: piped output was cut at 80 columns ("updat…"), 12 MiB read
+    "0.01 GiB", and one pause of 4 ranks was counted "paused 4"."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from tests.support.fleet import fleet_env
+
+    for rank in range(4):
+        log = ArrowLog(tmp_path, rank)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        rows = [dataclasses.replace(synthetic.update(s, rank), peak_mem=12 << 20) for s in (1, 2)]
+        log.write([*rows, Event("paused", rank, 2, "paused at update 2")])
+        log.write([Event("resumed", rank, 2, "resumed at update 2")])
+        log.close()
+    piped = subprocess.run(  # stdout is a pipe, as in `fleet report RUN | less`
+        [sys.executable, "-m", "fleet.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in fleet_env().items() if k != "COLUMNS"},
+        timeout=60,
+    )
+    text = piped.stdout
+    assert "…" not in text and "updates" in text and "transfer" in text
+    assert "12 MiB" in text and "0.01 GiB" not in text
+    assert "Events: paused 1, resumed 1" in text
+
+
 def test_report_into_a_closed_pipe_exits_quietly(tmp_path):
     import subprocess
     import sys
@@ -154,3 +183,31 @@ def test_report_into_a_closed_pipe_exits_quietly(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141
     assert b"Traceback" not in err and err == b""
+
+
+def test_report_shows_each_rank_s_optimizer_share_and_resident_bytes(tmp_path):
+    """--shard-optimizer (issue 20): each rank's share and the master weights + state it
+    holds, from the last update it logged; an unsharded run (share 1.0) prints no line."""
+    import dataclasses
+
+    from telemetry.units import GiB
+
+    shares = [0.5, 0.25, 0.25]
+    for rank, share in enumerate(shares):
+        log = ArrowLog(tmp_path, rank)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        for step in range(1, 4):
+            rec = synthetic.update(step, rank)
+            log.write([dataclasses.replace(rec, opt_share=share, resident_mem=int(share * GiB))])
+        log.close()
+    s = summarize(tmp_path)
+    assert [r["opt_share"] for r in s["ranks"]] == shares
+    assert [r["resident_mem"] for r in s["ranks"]] == [GiB // 2, GiB // 4, GiB // 4]
+    out = io.StringIO()
+    render(s, Console(file=out, width=160))
+    assert "Optimizer sharded" in out.getvalue() and "rank 1 25.0% 0.25 GiB" in out.getvalue()
+    plain = tmp_path / "plain"
+    synthetic.write_run(plain, world_size=2, steps=3, slow_rank=None, rebalance_at=None)
+    out = io.StringIO()
+    render(summarize(plain), Console(file=out, width=160))
+    assert "Optimizer sharded" not in out.getvalue()

@@ -518,15 +518,61 @@ def test_cli_send_applied_refused_and_errors(control, tmp_path, capsys):
 
     threading.Thread(target=trainer, daemon=True).start()
     base = ["telemetry", "send", "--run-dir", str(tmp_path), "--port-base", port]
-    assert fleet_main([*base, "rebalance", "3,5"]) == 0
+    assert fleet_main([*base, "rebalance", "3,5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["result"]["step"] == 3
-    assert fleet_main([*base, "pause"]) == 1
+    assert fleet_main([*base, "pause", "--json"]) == 1
     captured = capsys.readouterr()
     assert "busy" in captured.err and not json.loads(captured.out)["ok"]
     assert fleet_main([*base, "rebalance", "3,x"]) == 2
     assert fleet_main([*base[:3], str(tmp_path / "nope"), *base[4:], "pause"]) == 2
     assert "no control key" in capsys.readouterr().err
+
+
+def test_cli_send_says_what_happened_in_words(control, tmp_path, capsys):
+    """Issue 18, defect 7: `telemetry send` printed the raw reply JSON, and a bare
+    `rebalance` answered "needs args.split". A sentence now (--json for the raw reply), and
+    the usage before anything is sent."""
+    hub, queue, _ = control
+    results = iter(
+        [
+            CommandResult(ok=True, step=10, result={"split": [2, 2, 2]}),
+            CommandResult(ok=True, step=12, result={"path": "RUN/checkpoints/step-000012"}),
+            CommandResult(ok=True, step=13),
+        ]
+    )
+
+    def trainer():
+        for result in results:
+            resolve_next(queue, result)
+
+    threading.Thread(target=trainer, daemon=True).start()
+    base = ["telemetry", "send", "--run-dir", str(tmp_path), "--port-base", str(hub.address[1])]
+    assert fleet_main([*base, "rebalance", "2,2,2"]) == 0
+    assert capsys.readouterr().out == "rebalance 2,2,2 applied at update 10\n"
+    assert fleet_main([*base, "checkpoint"]) == 0
+    assert capsys.readouterr().out == "checkpoint saved at update 12: RUN/checkpoints/step-000012\n"
+    assert fleet_main([*base, "pause"]) == 0
+    assert capsys.readouterr().out == "paused at update 13\n"
+    assert fleet_main([*base, "rebalance"]) == 2
+    err = capsys.readouterr().err
+    assert "rebalance needs the new split" in err and "rebalance 2,2,2" in err
+    assert "args.split" not in err and err.count("\n") == 1
+
+
+def test_cli_on_a_run_that_is_not_running_points_to_report_and_replay(tmp_path, capsys):
+    """Issue 18, defect 11: `telemetry tail` of a finished run said "Connection refused"."""
+    from telemetry import auth, ports
+    from tests.support.fleet import free_port
+
+    auth.create_key(tmp_path)
+    ports.record(tmp_path, ports.RecordedPorts(free_port(), 1))  # nothing serves there now
+    assert fleet_main(["telemetry", "tail", "--run-dir", str(tmp_path), "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "the run is not running" in err
+    assert f"fleet report {tmp_path}" in err and f"fleet console --replay {tmp_path}" in err
+    assert fleet_main(["telemetry", "send", "--run-dir", str(tmp_path), "pause"]) == 2
+    assert "the run is not running" in capsys.readouterr().err
 
 
 def test_cli_tail(make_hub, capsys):
@@ -639,7 +685,7 @@ def test_cli_send_and_tail_find_the_recorded_port(control, tmp_path, capsys):
     threading.Thread(
         target=resolve_next, args=(queue, CommandResult(ok=True, step=1)), daemon=True
     ).start()
-    assert fleet_main(["telemetry", "send", "--run-dir", str(tmp_path), "pause"]) == 0
+    assert fleet_main(["telemetry", "send", "--run-dir", str(tmp_path), "pause", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
     tail = ["telemetry", "tail", "--run-dir", str(tmp_path), "--count", "1", "--json"]
     assert fleet_main(tail) == 0

@@ -94,3 +94,40 @@ def test_launch_with_mpi_says_what_this_mpirun_cannot_do(tmp_path):
     elif m:
         assert "needs Open MPI 5" in proc.stderr and "MLX_MPI_LIBNAME=" in proc.stderr
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_a_one_rank_launch_is_a_group_of_one_not_a_ring_to_parse(tmp_path):
+    # mlx.launch -n 1 names a hostfile that holds only a newline; the ring backend would fail
+    # to parse it ("[json.exception.parse_error.101]") and `fleet launch -n 1` exited 3.
+    from trainer.distributed import backend_from_env, one_rank_launch
+
+    empty, ring = tmp_path / "empty", tmp_path / "ring"
+    empty.write_text("\n")
+    ring.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"]]')
+    assert one_rank_launch({"MLX_HOSTFILE": str(empty), "MLX_RANK": "0"})
+    assert backend_from_env({"MLX_HOSTFILE": str(empty), "FLEET_BACKEND": "ring"}) == "any"
+    assert not one_rank_launch({"MLX_HOSTFILE": str(ring)})
+    assert backend_from_env({"MLX_HOSTFILE": str(ring)}) == "ring"
+
+
+def test_fleet_launch_of_one_rank_trains(tmp_path):
+    from tests.support.fleet import run_fleet
+
+    out = run_fleet(
+        "launch", "-n", "1", "--", "train", "--synthetic", "--depth", "1", "--width", "32",
+        "--updates", "1", "--run-dir", str(tmp_path / "run"), "--telemetry-port-base", "0",
+    )  # fmt: skip
+    assert "done: 1 updates" in out.stdout
+
+
+@pytest.mark.parametrize("world, blamed", [(1, "this rank itself is stuck"), (2, "a peer rank")])
+def test_the_watchdog_blames_a_peer_only_when_there_is_one(world, blamed):
+    code = (
+        "import time; from trainer.distributed import Watchdog; "
+        f"Watchdog(0.4, 0, world={world}).start(); time.sleep(30)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=fleet_env(), timeout=60
+    )
+    assert out.returncode == 3
+    assert blamed in out.stderr

@@ -97,3 +97,51 @@ def test_nan_lr_from_the_command_line_is_an_error_not_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert "fleet train: error: --lr must be a finite number" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--memory-limit-gb", "nan"), "--memory-limit-gb: nan is not a finite number"),
+        (("--memory-limit-gb", "inf"), "--memory-limit-gb: inf is not a finite number"),
+        (("--memory-limit-gb", "-4"), "--memory-limit-gb: every value must be more than 0"),
+        (("--memory-limit-gb", "8,0"), "--memory-limit-gb: every value must be more than 0"),
+        (("--cache-limit-gb", "-1"), "--cache-limit-gb: every value must be at least 0"),
+        (("--simulate-peak-gb", "nan"), "--simulate-peak-gb: nan is not a finite number"),
+        (("--simulate-slowdown", "nan"), "--simulate-slowdown: nan is not a finite number"),
+        (("--seed", "-1"), "--seed must be a whole number in [0, 2**32), got -1"),
+        (("--seed", str(10**23)), "--seed must be a whole number in [0, 2**32)"),
+    ],
+)
+def test_per_rank_values_and_the_seed_are_refused_by_name(flags, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cfg = from_args(parse("--synthetic", *flags))
+        cfg.slowdown(1, 0)
+
+
+def test_a_local_batch_beyond_any_machine_and_a_huge_split_have_short_errors():
+    cfg = from_args(parse("--synthetic", "--local-batches", "99999999999999"))
+    with pytest.raises(ConfigError, match="a local batch beyond any machine"):
+        cfg.split(1)
+    huge = from_args(parse("--synthetic", "--local-batches", ",".join(["1"] * 400_000)))
+    with pytest.raises(ConfigError) as e:
+        huge.split(2)
+    assert len(str(e.value)) < 300 and "400,000 values" not in str(e.value)
+    assert "(799,999 characters)" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1, 2, 3]", "a config is a JSON object of keys, got a list"),
+        ("[" * 100_000 + "]" * 100_000, "nests too deeply to be a config"),
+        ('{"depth": ' + "[" * 50 + "]" * 50 + "}", "depth must be int, got [[[["),
+    ],
+    ids=["a list", "100k levels deep", "a deep value"],
+)
+def test_a_json_config_that_is_not_an_object_is_refused_in_one_line(tmp_path, text, message):
+    f = tmp_path / "run.json"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        load_file(f)
+    assert len(str(e.value)) < 300

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import mlx.core as mx
 import pytest
 
@@ -114,24 +112,25 @@ def test_validate_split(split, caps, message):
 
 
 def test_memory_caps_follow_the_measured_peak():
-    cfg = TrainConfig(synthetic=True, memory_limit_gb="8,0.5,4")
-    caps = memory_caps(cfg, [4, 2, 2], [4 * 2**30, 2**30, 2 * 2**30])
+    caps = memory_caps([8 * 2**30, 2**29, 4 * 2**30], [4, 2, 2], [4 * 2**30, 2**30, 2 * 2**30])
     assert caps == [8, 1, 4]
-    assert memory_caps(TrainConfig(synthetic=True), [2, 2], [1.0, 1.0]) == [None, None]
+    assert memory_caps([None, None], [2, 2], [1.0, 1.0]) == [None, None]
 
 
 def test_rebalance_caps_come_from_the_last_boundary_not_the_log_line():
-    """The peaks ride the control all-reduce, so a rebalance is checked against the memory
-    measured in the last update even when no progress line was printed."""
-    cfg = TrainConfig(synthetic=True, memory_limit_gb="1")
+    """The peaks (and each rank's memory budget) ride the control all-reduce, so a rebalance
+    is checked against the memory measured in the last update even when no progress line
+    was printed."""
     queue = CommandQueue()
-    ctl = Controller(Cluster(FakeGroup()), queue, caps_model=partial(memory_caps, cfg))
-    ctl.exchange([4], peak=2 * 2**30)  # 0.5 GiB a sample: 2 samples fit in 1 GiB
+    ctl = Controller(Cluster(FakeGroup()), queue, caps_model=memory_caps)
+    ctl.exchange([4], peak=2 * 2**30)  # no budget reported: no cap
+    assert ctl.caps([4]) == [None]
+    ctl.exchange([4], peak=2 * 2**30, budget=2**30)  # 0.5 GiB a sample: 2 fit in 1 GiB
     assert ctl.caps([4]) == [2]
     refused = queue.submit("rebalance", {"split": [4]})
-    assert ctl.exchange([4], peak=2 * 2**30).name == "none"
+    assert ctl.exchange([4], peak=2 * 2**30, budget=2**30).name == "none"
     assert "rank 0 can hold at most 2" in refused.result().error
-    ctl.exchange([4], peak=2**30)  # a smaller peak lifts the cap at the next boundary
+    ctl.exchange([4], peak=2**30, budget=2**30)  # a smaller peak lifts the cap
     assert ctl.caps([4]) == [4]
 
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from telemetry import rundir
-from telemetry.files import file_sha256, fsync_dir
+from telemetry.files import NotRegular, file_sha256, fsync_dir, read_regular
 from trainer.checkpoint import manifest as mf
 from trainer.checkpoint.manifest import CONFIG as CONFIG  # the names every caller knows
 from trainer.checkpoint.manifest import FORMAT as FORMAT
@@ -35,10 +35,20 @@ from trainer.checkpoint.manifest import WEIGHTS as WEIGHTS
 LATEST = "latest"
 BEST = "best"  # the checkpoint of the lowest validation loss (kept by --eval-every)
 TMP_PREFIX = ".tmp-"
+MANIFEST_LIMIT = 1 << 20  # a manifest lists five files: anything this large is not one
 
 
 class NoSpace(OSError):
     """The disk cannot hold the checkpoint: nothing of it is left behind."""
+
+
+class LatestNotMoved(OSError):
+    """The checkpoint `path` is saved and verified, but `latest` could not be pointed at it
+    (a full disk, a folder in its way): `resolve` still finds it, as the newest save."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path.name} is saved, but {LATEST} could not be moved to it ({why})")
+        self.path = path
 
 
 class CheckpointError(RuntimeError):
@@ -79,6 +89,31 @@ def _point(run_dir: str | Path, name: str, target: Path) -> None:
     fsync_dir(ckpts)
 
 
+def link_target(run_dir: str | Path, name: str) -> tuple[Path | None, str]:
+    """Where the `latest` or `best` link leads: (a step folder of this run, "") or, for a
+    link that leaves the run or loops, (None, why it is ignored); (None, "") with no link.
+
+    A link is a hint this run wrote (a step's name beside it); one that leads anywhere else
+    (`ln -sfn ../../other/checkpoints/step-000030 latest`) would resume another run's
+    weights and seed and then prune this run's own checkpoints.
+    """
+    ckpts = root(run_dir)
+    link = ckpts / name
+    if not link.is_symlink():
+        return None, (f"{name} is not a link: ignored" if link.exists() else "")
+    try:
+        raw = os.readlink(link)
+    except OSError as e:
+        return None, f"{name} cannot be read ({e.strerror}): ignored"
+    target = Path(os.path.realpath(ckpts / raw))  # never raises, not even on a loop
+    home = Path(os.path.realpath(ckpts))
+    if target == home / name:
+        return None, f"{name} points to itself: ignored"
+    if target.parent != home or mf.step_of(target.name) is None:
+        return None, f"{name} points to {raw}, outside this run's checkpoints: ignored"
+    return target, ""
+
+
 def complete(run_dir: str | Path) -> list[Path]:
     """Checkpoint folders with a manifest, oldest first (not verified)."""
     ckpts = root(run_dir)
@@ -90,8 +125,7 @@ def complete(run_dir: str | Path) -> list[Path]:
 
 def prune(run_dir: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints, never one `latest` or `best` points to."""
-    links = (root(run_dir) / name for name in (LATEST, BEST))
-    pinned = {link.resolve() for link in links if link.is_symlink()}
+    pinned = {target for name in (LATEST, BEST) if (target := link_target(run_dir, name)[0])}
     doomed = [p for p in complete(run_dir)[:-keep] if p.resolve() not in pinned]
     for p in doomed:
         # Renamed away first: a kill mid-delete leaves a `.tmp-` folder that start-up clears,
@@ -170,11 +204,13 @@ def clear_orphans(run_dir: str | Path) -> list[Path]:
 def _read_manifest(path: Path) -> dict:
     where = path / MANIFEST
     try:
-        manifest = json.loads(where.read_text())
+        manifest = json.loads(read_regular(where, MANIFEST_LIMIT))
     except FileNotFoundError:
         raise CheckpointError(f"{where}: missing (the checkpoint was never completed)") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise CheckpointError(f"{where}: corrupt ({e})") from None
+    except NotRegular:
+        raise CheckpointError(f"{where}: not a regular file (corrupt)") from None
     except OSError as e:
         raise CheckpointError(f"{where}: unreadable ({e})") from None
     if not isinstance(manifest, dict):
@@ -254,12 +290,13 @@ def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
     verification is an error.
     """
     if which == BEST:
-        link = root(run_dir) / BEST
-        if not link.is_symlink():
+        path, why = link_target(run_dir, BEST)
+        if path is None:
             raise CheckpointError(
-                f"{run_dir}: this run kept no best checkpoint: it needs --eval-every"
+                f"{run_dir}: {why}"
+                if why
+                else f"{run_dir}: this run kept no best checkpoint: it needs --eval-every"
             )
-        path = link.resolve()
         manifest = verify(path)
         return path, manifest, _legacy(path, manifest)
     if which != LATEST:
@@ -270,8 +307,9 @@ def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
         f"recovered {dest.name} from {tmp.name}, where a save cut short had left it"
         for tmp, dest in adopt(run_dir)
     ]
-    link = root(run_dir) / LATEST
-    pointed = link.resolve() if link.is_symlink() or link.exists() else None
+    pointed, why = link_target(run_dir, LATEST)
+    if why:
+        warnings.append(f"{why}; resuming from the newest verified checkpoint of this run")
     candidates = {p.resolve(): p for p in complete(run_dir)}
     if pointed is not None and pointed.is_dir():
         candidates.setdefault(pointed, pointed)
@@ -284,11 +322,20 @@ def resolve(run_dir: str | Path, which: str) -> tuple[Path, dict, list[str]]:
             warnings.append(f"skipping {path.name}: {skip}")
             continue
         warnings += _legacy(path, manifest)
-        if pointed != path:
+        if pointed != path and not why:  # (an ignored link was already reported)
             warnings += _stale_link(pointed, path, tried)
         return path, manifest, warnings
     detail = ("; ".join(warnings)) if warnings else "none found"
     raise CheckpointError(f"no complete checkpoint in {root(run_dir)} to resume ({detail})")
+
+
+def newest_verified(run_dir: str | Path) -> Path | None:
+    """The checkpoint saved last that verifies and whose replicas agreed, found without
+    moving anything (no adoption): what advice names ("resume from ...")."""
+    for path in sorted(complete(run_dir), key=_recency, reverse=True):
+        if _usable(path)[0] is not None:
+            return path
+    return None
 
 
 def _usable(path: Path) -> tuple[dict | None, str]:
@@ -320,7 +367,7 @@ def _stale_link(pointed: Path | None, taken: Path, tried: set[Path]) -> list[str
 
 
 def read_json(path: Path, name: str) -> dict:
-    return json.loads((path / name).read_text())
+    return json.loads(read_regular(path / name))
 
 
 def check_compatible(manifest: dict, expected: dict, path: Path) -> None:

@@ -6,6 +6,7 @@ this module is the part that needs MLX.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from trainer.checkpoint.catalog import (
     STATE,
     TMP_PREFIX,
     WEIGHTS,
+    LatestNotMoved,
     NoSpace,
     next_serial,
     point_latest,
@@ -93,11 +95,22 @@ def save(
         raise NoSpace(
             f"could not write checkpoint {final.name} in {ckpts} ({e}); {_mib(free)} free"
         ) from None
-    _commit(ckpts, tmp, final, manifest)
+    try:
+        _commit(ckpts, tmp, final, manifest)
+    except OSError as e:  # a rename or the manifest's rewrite refused: nothing half-named
+        shutil.rmtree(tmp, ignore_errors=True)  # (a step moved aside is adopted at start)
+        raise NoSpace(f"could not commit checkpoint {final.name} in {ckpts} ({e})") from None
+    moved = ""
     if make_latest:
-        point_latest(run_dir, final)
+        try:
+            point_latest(run_dir, final)
+        except OSError as e:
+            moved = e.strerror or str(e)
     if keep > 0:
-        prune(run_dir, keep)
+        with contextlib.suppress(OSError):  # pruning is tidying: it may wait for next time
+            prune(run_dir, keep)
+    if moved:
+        raise LatestNotMoved(final, moved)
     return final
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from trainer.data.bpe import TOKENIZER_FILE, check_vocab, load_trained, train_bp
 from trainer.data.bpe import training_params as bpe_params
 from trainer.data.dataset_format import (
     META_NAME,
+    SUBSETS,
     VERSION,
     existing_meta,
     new_meta,
@@ -146,7 +148,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-files", type=int, default=0, help="use only the first N files (0 = all)"
     )
     parser.add_argument(
-        "--force", action="store_true", help="replace a different dataset already in --out"
+        "--force",
+        action="store_true",
+        help="replace a different (or damaged) dataset already in --out; a folder holding "
+        "anything but a dataset is refused all the same",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
@@ -354,7 +359,12 @@ def _up_to_date(
     trained: bool,
 ) -> bool:
     """Whether `out` already holds this very dataset; raises PrepareError if it holds
-    something else that only --force may replace."""
+    something else. --force replaces only a dataset (as `fleet export --force` replaces only
+    an export): a folder with anything else in it is refused, forced or not."""
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and (why := _not_a_dataset(out, existing)):
+        raise PrepareError(why)
     if existing is not None and not force:
         if _same_inputs(existing, params, sources, skipped):
             if shards_intact(out, existing) and (not trained or trained_intact(out, existing)):
@@ -364,11 +374,40 @@ def _up_to_date(
             f"{out} already holds a different dataset (digest {existing.get('digest')!s:.12});"
             " use --force to replace it"
         )
-    if out.exists() and not out.is_dir():
-        raise PrepareError(f"--out {out} is a file, not a folder")
-    if existing is None and out.exists() and not force and any(out.iterdir()):
-        raise PrepareError(f"{out} is not empty and holds no {META_NAME}; use --force")
     return False
+
+
+DATASET_FILE = re.compile(rf"^(?:{'|'.join(SUBSETS)})-\d+\.parquet$")  # shard_writer's names
+
+
+def _not_a_dataset(out: Path, existing: dict[str, Any] | None) -> str:
+    """Why `out` (a folder) is no dataset that prepare may write over, or "" when it is one
+    (or empty). Replacing a folder deletes what it holds: only a dataset's own files may go."""
+    from telemetry import rundir
+
+    if held := rundir.held(out):
+        return (
+            f"{out} holds a training run ({', '.join(held)}), not a dataset: choose another "
+            "--out (prepare replaces only a dataset)"
+        )
+    names = sorted(p.name for p in out.iterdir())
+    if existing is None:
+        if not names:
+            return ""
+        return (
+            f"{out} is not empty and holds no dataset ({META_NAME}): choose another --out "
+            "(prepare writes into an empty folder, or replaces a dataset)"
+        )
+    others = [
+        n for n in names if n not in (META_NAME, TOKENIZER_FILE) and not DATASET_FILE.match(n)
+    ]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return (
+            f"{out} holds a dataset and other files ({shown}): replacing it would delete "
+            "them; move them out, or choose another --out"
+        )
+    return ""
 
 
 def _same_inputs(meta: dict[str, Any], params, sources: list[Source], skipped: int) -> bool:

@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,9 @@ for dist in ("mlx", "mlx-fleet"):
         out[dist] = md.version(dist)
     except md.PackageNotFoundError:
         out[dist] = None
-data, run = sys.argv[1], sys.argv[2]
+data, run, cwd = sys.argv[1], sys.argv[2], sys.argv[3]
+if os.path.isdir(cwd):  # where mlx.launch starts the ranks: relative paths resolve as theirs
+    os.chdir(cwd)
 if data:
     try:
         with open(os.path.join(data, "dataset.json")) as f:
@@ -48,6 +51,11 @@ where = os.path.abspath(run)
 while not os.path.isdir(where):
     where = os.path.dirname(where)
 out["disk_free"] = shutil.disk_usage(where).free
+try:  # what of a run the run folder holds (a new run refuses it)
+    from telemetry.rundir import held
+    out["run_held"] = held(run)
+except ImportError:  # an mlx-fleet there from before rundir.held: its config.json tells
+    out["run_held"] = ["config.json"] if os.path.isfile(os.path.join(run, "config.json")) else []
 try:
     import psutil
     out["mem_available"] = psutil.virtual_memory().available
@@ -67,8 +75,12 @@ class HostReport:
 
 
 def host_facts(host: str | None, python: str, data: str, run_dir: str) -> dict[str, Any]:
-    """FACTS from `host` over ssh (None: this machine); raises RuntimeError saying why not."""
-    argv = [python, "-", data, run_dir]
+    """FACTS from `host` over ssh (None: this machine); raises RuntimeError saying why not.
+
+    Relative paths are resolved in this machine's working directory where the host has it,
+    else in the login's home: where mlx.launch's script starts the ranks (`cd` when it can).
+    """
+    argv = [python, "-", data, run_dir, os.getcwd()]
     if host is not None:  # one quoted string: the remote shell would drop an empty argument
         remote = shlex.join(argv)
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", host, remote]
@@ -113,11 +125,13 @@ def expected_bytes(cfg: Any, local_batch: int) -> tuple[int, int]:
     return ckpt, ckpt + 8 * n + activations
 
 
-def compare(reports: list[HostReport], here: dict[str, Any], need_disk: int, need_mem: list[int]):
+def compare(
+    reports: list[HostReport], here: dict[str, Any], need_disk: int, need_mem: list[int]
+) -> list[str]:
     """Fill each report's problems: versions against this machine's, the dataset against
-    the others', disk and memory against what the run needs."""
-    seen = [r.facts["dataset"] for r in reports if r.facts.get("dataset")]
-    usual = max(seen, key=seen.count) if seen else None  # the most hosts' (ties: the first)
+    the fleet's (dataset_reference), disk and memory against what the run needs; returns
+    the problems of no one host (this machine's own dataset, a fleet with no majority)."""
+    usual, general = dataset_reference(reports, here)
     for i, r in enumerate(reports):
         f = r.facts
         if not f:
@@ -128,10 +142,10 @@ def compare(reports: list[HostReport], here: dict[str, Any], need_disk: int, nee
                 r.problems.append(f"{label} {have}, this machine has {here.get(key)}")
         if f.get("dataset_error"):
             r.problems.append(f"dataset missing or unreadable ({f['dataset_error']})")
-        elif f.get("dataset") and f["dataset"] != usual:
+        elif f.get("dataset") and usual and f["dataset"] != usual[0]:
             r.problems.append(
-                f"dataset digest {str(f['dataset'])[:12]} differs from the others' "
-                f"{str(usual)[:12]}"
+                f"dataset digest {str(f['dataset'])[:12]} differs from {usual[1]} "
+                f"{str(usual[0])[:12]}"
             )
         if need_disk and f.get("disk_free", 0) < need_disk:
             r.problems.append(
@@ -143,6 +157,39 @@ def compare(reports: list[HostReport], here: dict[str, Any], need_disk: int, nee
                 f"{gib_text(f['mem_available'])} of memory free, the run expects a peak of about "
                 f"{gib_text(need_mem[i])}"
             )
+
+    return general
+
+
+def dataset_reference(
+    reports: list[HostReport], here: dict[str, Any]
+) -> tuple[tuple[str, str] | None, list[str]]:
+    """The dataset digest the fleet should have, and whose it is ("the majority's", "this
+    machine's"), by majority over the hosts and this machine; a tie goes to this machine's
+    digest when it is one of the tied, else nobody is blamed and the split is one problem.
+    Also the problems of no one host."""
+    digests = [(r.name, r.facts["dataset"]) for r in reports if r.facts.get("dataset")]
+    mine = here.get("dataset")
+    votes = Counter(d for _, d in digests)
+    if mine:
+        votes[mine] += 1
+    if not votes:
+        return None, []
+    ranked = votes.most_common()
+    top = [d for d, n in ranked if n == ranked[0][1]]
+    if len(top) > 1 and mine not in top:  # a tie, and this machine is no tie-breaker
+        split = ", ".join(f"{name} {d[:12]}" for name, d in digests)
+        return None, [f"the hosts' datasets differ and no digest has a majority: {split}"]
+    usual = mine if len(top) > 1 else top[0]
+    if mine == usual:
+        return (usual, "this machine's"), []
+    general = []
+    if mine:
+        general.append(
+            f"this machine: dataset digest {mine[:12]} differs from the majority's "
+            f"{usual[:12]} (the run's checkpoints would name this machine's)"
+        )
+    return (usual, "the majority's"), general
 
 
 def probe(mlx_argv: list[str], env: dict[str, str], world: int, timeout: float) -> dict:
@@ -305,7 +352,7 @@ def run_check(
     cfg = plan.cfg
     data = cfg.data if cfg is not None and not cfg.synthetic else ""
     run_dir = cfg.run_dir if cfg is not None else "."
-    here = local_facts("", ".")
+    here = local_facts(data, run_dir)  # this machine's dataset too: the fleet's reference
     split = plan.split() if cfg is not None else [0] * plan.world
     if plan.hosts:
         names, rank_hosts = [h["ssh"] for h in plan.hosts], list(range(plan.world))
@@ -326,8 +373,14 @@ def run_check(
         except RuntimeError as e:
             report.problems.append(str(e))
         reports.append(report)
-    compare(reports, here, need_disk, need_mem)
-    problems = [f"{r.name}: {p}" for r in reports for p in r.problems]
+    general = compare(reports, here, need_disk, need_mem)
+    if cfg is not None and not cfg.resume and not cfg.overwrite:
+        from telemetry.rundir import refusal
+
+        for r in reports:
+            if r.facts.get("run_held"):
+                r.problems.append(refusal(run_dir, r.facts["run_held"]))
+    problems = [f"{r.name}: {p}" for r in reports for p in r.problems] + general
     group: dict = {}
     warnings: list[str] = []
     if not problems:  # a group over hosts that fail the checks above would only time out

@@ -13,17 +13,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+import uuid
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from telemetry import balance, rundir
+from trainer import lock
 from trainer.blas import preload_env
-from trainer.launch import restart
-from trainer.launch.plan import LaunchError, Plan, mlx_launch_argv, plan_launch, rank_arguments
-from trainer.launch.supervisor import Supervisor
+from trainer.launch import lifeline, restart
+from trainer.launch.plan import (
+    LaunchError,
+    Plan,
+    mlx_launch_argv,
+    plan_launch,
+    rank_arguments,
+    watched,
+)
+from trainer.launch.supervisor import Stops, Supervisor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the ranks get to stop on their own after one fails, or after fleet "
         "launch gets SIGINT, SIGTERM or SIGHUP (they checkpoint first), before fleet launch "
         "ends them (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lifeline-timeout",
+        type=float,
+        default=lifeline.TIMEOUT_S,
+        metavar="S",
+        help="a rank that hears nothing from fleet launch for S seconds (fleet launch killed, "
+        "an ssh connection gone silent) stops at its next update with a checkpoint "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--restarts",
@@ -79,8 +98,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Before anything starts: a signal from here on is an orderly stop, never a launcher that
+    # dies and leaves its ranks behind.
+    stops = Stops().install()
+    try:
+        return _launch(args, stops)
+    finally:
+        stops.restore()
+
+
+def _launch(args: argparse.Namespace, stops: Stops) -> int:
     try:
         plan = plan_launch(args)
+        if not plan.hosts and plan.run_dir and (holder := lock.owner(plan.run_dir)):
+            raise LaunchError(
+                f"run folder {plan.run_dir} is in use by {holder.describe()}; stop that run "
+                "first, or give another --run-dir"
+            )
     except LaunchError as e:
         print(f"fleet launch: error: {e}", file=sys.stderr)
         return 2
@@ -95,8 +129,15 @@ def main(args: argparse.Namespace) -> int:
     restarts, last = 0, None
     while True:
         ssh_names = [h.get("ssh", "") for h in plan.hosts]
+        argv = mlx_launch_argv(args, plan, tether=True, launch_id=uuid.uuid4().hex[:12])
         sup = Supervisor(
-            mlx_launch_argv(args, plan), preload_env(), ssh_names, args.stop_grace, plan.run_dir
+            argv,
+            preload_env(),
+            ssh_names,
+            args.stop_grace,
+            plan.run_dir,
+            stops=stops,
+            watched=watched(plan),
         )
         code = sup.run()
         if code == 0 or sup.signalled or not sup.failures or not args.restarts:
@@ -117,12 +158,22 @@ def main(args: argparse.Namespace) -> int:
             f"fleet launch: {failure.describe()}; restart {restarts} of {args.restarts} in "
             f"{wait:g} s from the newest verified checkpoint"
         )
-        time.sleep(wait)
+        _sleep(wait, stops)
+        if stops.signalled:
+            say(f"fleet launch: stopped on {stops.signalled} before restart {restarts}")
+            return 128 + getattr(signal, stops.signalled).value
         try:
             plan = next_attempt(plan, restarts, failure, args.allow_shrink, say)
         except LaunchError as e:
             say(f"fleet launch: cannot restart: {e}")
             return code
+
+
+def _sleep(seconds: float, stops: Stops) -> None:
+    """The backoff before a restart, cut short by a signal."""
+    end = time.monotonic() + seconds
+    while not stops.signalled and time.monotonic() < end:
+        time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
 def next_attempt(

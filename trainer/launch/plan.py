@@ -7,13 +7,18 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.launch import lifeline
+from trainer.lock import LAUNCH_ID_ENV
+
 BACKENDS = ("ring", "jaccl", "mpi", "nccl", "any")
+LAUNCH_ENV = "FLEET_LAUNCH"  # `fleet launch -n 3`: how ranks were started (their resume hint)
 
 
 class LaunchError(ValueError):
@@ -71,6 +76,7 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
         raise LaunchError(f"hostfile {path} is not valid JSON: {e}") from None
     backend = ""
     if isinstance(data, dict):
+        _known_keys(data, HOSTFILE_KEYS, f"hostfile {path}")
         backend = data.get("backend", "") or ""
         if "hosts" not in data:
             raise LaunchError(f"hostfile {path}: an object needs a `hosts` list")
@@ -78,6 +84,8 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     if not isinstance(data, list) or not data:
         raise LaunchError(f"hostfile {path}: expected a non-empty list of hosts")
     for i, h in enumerate(data):
+        if isinstance(h, dict):
+            _known_keys(h, HOST_KEYS, f"hostfile {path}: entry {i}")
         if not isinstance(h, dict) or not isinstance(h.get("ssh"), str) or not h["ssh"]:
             raise LaunchError(f"hostfile {path}: entry {i} needs an `ssh` host name, got {h!r}")
         ips = h.get("ips", [])
@@ -88,12 +96,29 @@ def read_hostfile(path: str | Path) -> tuple[list[dict], str]:
     return data, backend
 
 
+HOSTFILE_KEYS = ("hosts", "backend", "envs")  # mlx.launch's hostfile object, and each host's
+HOST_KEYS = ("ssh", "ips", "rdma")
+
+
+def _known_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key mlx.launch would ignore silently (a typo of `ips` means no ips)."""
+    from telemetry.typos import did_you_mean
+
+    for key in obj:
+        if key not in known:
+            raise LaunchError(
+                f"{where}: unknown key {key!r}{did_you_mean(str(key), known, quote=True)}; "
+                f"the keys are {', '.join(known)}"
+            )
+
+
 def check_train_args(argv: list[str], world: int):
     """Parse the rank's `train` arguments here, so mistakes surface before any rank starts;
     returns the TrainConfig they give."""
+    from telemetry.typos import Parser  # a typo: one usage line and the nearest flag
     from trainer.config import FIELDS, ConfigError, TrainConfig, add_arguments, from_args
 
-    parser = argparse.ArgumentParser(prog="fleet train", add_help=False)
+    parser = Parser(prog="fleet train", add_help=False)
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
@@ -182,8 +207,30 @@ class Plan:
             return self.cfg.split(self.world)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """fleet launch's own numbers: finite, and not below what each can mean."""
+    import math
+
+    for name, low, strict in (
+        ("stop_grace", 0.0, False),
+        ("restart_backoff", 0.0, False),
+        ("lifeline_timeout", 0.0, True),
+        ("restarts", 0, False),
+    ):
+        value = getattr(args, name, None)
+        if value is None:
+            continue  # fleet check has none of these
+        flag = f"--{name.replace('_', '-')}"
+        if not math.isfinite(value):
+            raise LaunchError(f"{flag} must be a finite number, got {value}")
+        if value < low or (strict and value == low):
+            need = f"more than {low:g}" if strict else f"at least {low:g}"
+            raise LaunchError(f"{flag} must be {need}, got {value:g}")
+
+
 def plan_launch(args: argparse.Namespace) -> Plan:
     """Check everything that can be checked before any rank starts; LaunchError if not."""
+    check_flags(args)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -205,13 +252,30 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     splits = cfg is not None and backend in ("ring", "jaccl")
     if splits and (why := cfg.needs_split_groups(world, backend)) is not None:
         raise LaunchError(why)
+    if cfg is not None and not hosts and not cfg.resume and not cfg.overwrite:
+        # A new run on this machine: refused here, before any rank starts (with --hostfile,
+        # `fleet check` asks each host, and every rank refuses on its own as well).
+        from telemetry import rundir
+
+        if why := rundir.refusal(cfg.run_dir):
+            raise LaunchError(why)
     if args.restarts and cfg is None:
         raise LaunchError("--restarts needs a `train` command (it resumes from checkpoints)")
     return Plan(command, world, hosts, args.hostfile, backend, cfg)
 
 
-def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
-    """The command line of mlx.launch for one attempt of `plan`."""
+def watched(plan: Plan) -> bool:
+    """Whether the ranks of `plan` read the lifeline: `train` ranks that mlx.launch starts
+    itself (under mpirun only rank 0 would get its input)."""
+    return plan.command[:1] == ["train"] and plan.backend != "mpi"
+
+
+def mlx_launch_argv(
+    args: argparse.Namespace, plan: Plan, tether: bool = False, launch_id: str = ""
+) -> list[str]:
+    """The command line of mlx.launch for one attempt of `plan`. With `tether`, mlx.launch
+    holds fleet launch's lifeline (trainer/launch/lifeline.py) and `train` ranks watch it;
+    `launch_id` names the attempt's ranks as one run (the run folder's lock)."""
     mlx_argv = [
         "--python",
         args.python,
@@ -227,6 +291,13 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         mlx_argv.append("--verbose")
     threads = max(1, (os.cpu_count() or 1) // plan.world) if not plan.hostfile else None
     rank_env = [*args.env, *plan.env]
+    where = f"--hostfile {shlex.quote(plan.hostfile)}" if plan.hostfile else f"-n {plan.world}"
+    rank_env.append(f"{LAUNCH_ENV}=fleet launch {where}")
+    if tether and watched(plan):
+        timeout = getattr(args, "lifeline_timeout", lifeline.TIMEOUT_S)
+        rank_env.append(f"{lifeline.ENV}={timeout:g}")
+    if launch_id:
+        rank_env.append(f"{LAUNCH_ID_ENV}={launch_id}")
     if plan.backend and plan.backend != "any":
         rank_env.append(f"FLEET_BACKEND={plan.backend}")  # the ranks join exactly this backend
     if threads and not any(e.startswith("OPENBLAS_NUM_THREADS=") for e in rank_env):
@@ -235,10 +306,13 @@ def mlx_launch_argv(args: argparse.Namespace, plan: Plan) -> list[str]:
         rank_env.append(f"OPENBLAS_NUM_THREADS={threads}")
     for e in rank_env:
         mlx_argv += ["--env", e]
+    start = "from mlx._distributed_utils.launch import main; main()"
+    if tether:  # in mlx.launch's process, before it starts anything
+        start = f"from trainer.launch.lifeline import tether; tether(); {start}"
     return [
         sys.executable,
         "-c",
-        "from mlx._distributed_utils.launch import main; main()",
+        start,
         *mlx_argv,
         "--",
         "-m",

@@ -63,10 +63,11 @@ class ProcessTree:
                 n += 1
         return n
 
-    def end(self, timeout: float = 3.0) -> int:
-        """Terminate everything remembered, then kill what is left (a stopped process
-        ignores SIGTERM until continued, but not SIGKILL); returns how many were ended."""
-        family = self.alive()
+    def end(self, timeout: float = 3.0, exclude: int | None = None) -> int:
+        """Terminate everything remembered (but `exclude`, a pid), then kill what is left (a
+        stopped process ignores SIGTERM until continued, but not SIGKILL); returns how many
+        were ended."""
+        family = [p for p in self.alive() if p.pid != exclude]
         for p in family:
             with contextlib.suppress(psutil.Error):
                 p.terminate()

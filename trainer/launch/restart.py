@@ -28,11 +28,13 @@ class Failure:
     step: int
 
     def describe(self) -> str:
-        return f"rank {self.rank} {self.how} at update {self.step}"
+        when = f"after update {self.step}" if self.step > 0 else "before its first update"
+        return f"rank {self.rank} {self.how} {when}"
 
 
 def failure_of(rank: int, how: str, run_dir: str | Path | None) -> Failure:
-    """The attempt's first failure, at the furthest update any rank's heartbeat reached."""
+    """The attempt's first failure, after the furthest update any rank's heartbeat reached
+    (each rank beats as soon as an update is done)."""
     beats = heartbeat.read_all(run_dir) if run_dir is not None else {}
     step = max((b.step for b in beats.values()), default=-1)
     return Failure(rank, how, step)
@@ -105,6 +107,8 @@ def shrunk_split(split: list[int], keep: list[int], run_dir: str | Path | None) 
 
 # Flags of `fleet train` a relaunch replaces (with their value), and their one-token forms.
 _REPLACED = ("--resume", "--local-batches", "--local-batch")
+# Flags without a value it drops: a relaunch continues its own run folder, never moves it.
+_DROPPED = ("--overwrite", "--no-overwrite")
 
 
 def relaunch_command(command: list[str], run_dir: str | Path, split: list[int]) -> list[str]:
@@ -114,6 +118,8 @@ def relaunch_command(command: list[str], run_dir: str | Path, split: list[int]) 
     for arg in command:
         if skip:
             skip = False
+            continue
+        if arg in _DROPPED:
             continue
         if arg in _REPLACED:
             skip = True

@@ -10,6 +10,7 @@ from mlx.utils import tree_flatten
 
 from trainer.model.cache import KVCache
 from trainer.model.config import LOGIT_SOFTCAP, ModelConfig
+from trainer.model.kernels import PATHS
 
 
 def softcap(z: mx.array) -> mx.array:
@@ -23,6 +24,16 @@ def _norm(x: mx.array, eps: float) -> mx.array:
 
 
 class Attention(nn.Module):
+    """Causal self-attention with QK-norm and rotary; `path` picks how those two run
+    (trainer/model/kernels.py: PATHS), all with the same math. A subclass may wrap the input
+    and call this; the heads may be a shard (their count follows from the projections)."""
+
+    path = "plain"  # today's composition until the GPU says otherwise (GPT.set_attention)
+    # q, k and v from one matmul over their weights concatenated: x read once, and in the
+    # backward pass one matmul for dx instead of three and two sums. Reads the projections'
+    # `weight`s itself, so a subclass whose projections are not plain Linears keeps it off.
+    packed = False
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.heads, self.head_dim, self.eps = cfg.heads, cfg.width // cfg.heads, cfg.norm_eps
@@ -33,15 +44,20 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(cfg.width, cfg.width, bias=False)
 
     def __call__(self, x: mx.array, cache: KVCache | None = None) -> mx.array:
-        B, T, C = x.shape
-        q, k, v = (
-            f(x).reshape(B, T, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-            for f in (self.c_q, self.c_k, self.c_v)
-        )
+        B, T, _ = x.shape
+        if self.packed:  # views of one (B, T, 3C) product, read in place by SDPA and the kernel
+            w = mx.concatenate([self.c_q.weight, self.c_k.weight, self.c_v.weight])
+            qkv = mx.split(x @ w.T, 3, axis=-1)
+        else:
+            qkv = (f(x) for f in (self.c_q, self.c_k, self.c_v))
+        # Token-major (B, T, H, D) rows, as the projections wrote them: no copy yet.
+        q, k, v = (y.reshape(B, T, -1, self.head_dim) for y in qkv)
         offset = 0 if cache is None else cache.offset  # x's first position
-        rope = dict(traditional=False, base=self.rope_base, scale=1.0, offset=offset)
-        q = _norm(mx.fast.rope(q, self.head_dim, **rope), self.eps)  # QK-norm after rotary
-        k = _norm(mx.fast.rope(k, self.head_dim, **rope), self.eps)
+        # (B, H, T, D): heads-first copies ("plain") or views of token-major memory, which
+        # SDPA reads in place and whose output it then writes token-major too (cuDNN's output
+        # takes q's layout), so that the reshape to (B, T, C) after it is free, not a copy.
+        q, k = PATHS[self.path](q, k, eps=self.eps, base=self.rope_base, offset=offset)
+        v = v.transpose(0, 2, 1, 3)
         if cache is not None:  # attend to every earlier position too
             k, v = cache.update(k, v)
         # "causal" aligns the queries with the last keys, so it also fits a cache's longer keys.
@@ -106,6 +122,15 @@ class GPT(nn.Module):
             logits = mx.distributed.all_gather(logits.transpose(2, 0, 1), group=group)
             logits = logits.transpose(1, 2, 0)
         return logits
+
+    def set_attention(self, path: str, packed: bool = False) -> None:
+        """How every block runs QK-norm and rotary (a name in kernels.PATHS) and whether its
+        q, k, v come from one matmul (Attention.packed). Set it before the first compiled
+        call: a compiled graph keeps what it was traced with."""
+        if path not in PATHS:
+            raise ValueError(f"unknown attention path {path!r}; one of {', '.join(PATHS)}")
+        for block in self.blocks:
+            block.attn.path, block.attn.packed = path, packed
 
     def init_weights(self, seed: int) -> None:
         """nanochat's init: unit-variance embedding, zeroed output projections, small head."""

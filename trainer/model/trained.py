@@ -118,6 +118,14 @@ def find(target: str | Path, *, best: bool = False) -> Trained:
     """The verified checkpoint `target` names (a checkpoint, or a run's latest or best)."""
     target = Path(target)
     warnings: list[str] = []
+    if not target.exists():
+        folder = target.parent if target.parent.name == catalog.root(".").name else None
+        have = [p.name for p in catalog.complete(folder.parent)] if folder else []
+        known = f" (its run has {', '.join(have)})" if have else ""
+        raise CheckpointError(
+            f"{target} does not exist{known}; give a run's --run-dir or one of its "
+            "checkpoints/step-* folders"
+        )
     if (target / catalog.MANIFEST).is_file():
         if best:
             raise CheckpointError(

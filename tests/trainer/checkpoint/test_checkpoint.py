@@ -579,3 +579,55 @@ def test_a_format_1_checkpoint_is_accepted_with_a_warning(tmp_path):
     tiny_save(tmp_path, 3)  # a new save in an old run directory is the newest
     path, _, warnings = catalog.resolve(tmp_path, "latest")
     assert path.name == "step-000003" and warnings == []
+
+
+def test_a_latest_link_out_of_the_run_is_refused_and_prunes_nothing(tmp_path):
+    ra, rb = tmp_path / "ra", tmp_path / "rb"
+    for step in (1, 2):
+        tiny_save(ra, step)
+    for step in (1, 2, 3, 30):
+        tiny_save(rb, step, "rb")  # saved after ra's: by serial alone it would win
+    link = catalog.root(ra) / catalog.LATEST
+    link.unlink()
+    link.symlink_to("../../rb/checkpoints/step-000030")  # ln -sfn, as in the issue
+    path, _, warnings = catalog.resolve(ra, "latest")
+    assert path == catalog.step_dir(ra, 2).resolve()
+    assert any("outside this run's checkpoints: ignored" in w for w in warnings), warnings
+    assert catalog.read_json(path, catalog.STATE)["version"] == "a"
+    tiny_save(ra, 3, keep=2)  # the next save re-points latest; prune keeps ra's own newest
+    assert [p.name for p in catalog.complete(ra)] == ["step-000002", "step-000003"]
+    assert os.readlink(link) == "step-000003"
+
+
+def test_a_latest_link_to_itself_falls_back_with_a_warning(tmp_path):
+    tiny_save(tmp_path, 1)
+    link = catalog.root(tmp_path) / catalog.LATEST
+    link.unlink()
+    link.symlink_to(catalog.LATEST)  # a loop: was a traceback
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
+    assert path.name == "step-000001"
+    assert warnings == [
+        "latest points to itself: ignored; resuming from the newest verified checkpoint of this run"
+    ]
+    assert catalog.prune(tmp_path, 1) == []
+    best = catalog.root(tmp_path) / catalog.BEST
+    best.symlink_to("/etc")
+    with pytest.raises(catalog.CheckpointError, match="best points to /etc, outside"):
+        catalog.resolve(tmp_path, "best")
+
+
+def test_a_fifo_in_place_of_a_manifest_never_blocks_a_save(tmp_path):
+    import threading
+
+    tiny_save(tmp_path, 1)
+    older = catalog.step_dir(tmp_path, 0)
+    older.mkdir()
+    os.mkfifo(older / catalog.MANIFEST)  # nobody will ever write to it
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (tiny_save(tmp_path, 2), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(30), "a save blocked on a FIFO"
+    path, _, warnings = catalog.resolve(tmp_path, "latest")
+    assert path.name == "step-000002"
+    with pytest.raises(catalog.CheckpointError, match="not a regular file"):
+        catalog.verify(older)

@@ -14,6 +14,7 @@ import pytest
 
 from telemetry.files import replace_dir
 from tests.support.corpus import DOCS, read_rows, run, small, text_corpus
+from tests.support.files import snapshot
 from trainer.data import prepare as prep
 from trainer.data.packer import is_val_row
 from trainer.data.tokenizer import BYTE_EOS, BYTE_PAD, ByteTokenizer, TokenizerError, load_tokenizer
@@ -138,6 +139,37 @@ def test_same_dataset_is_a_no_op_and_a_different_one_is_refused(tmp_path, capsys
     assert code == 0, err
     assert json.loads(meta_file.read_text())["digest"] != json.loads(before[0])["digest"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]  # no temp left
+
+
+@pytest.mark.parametrize("force", [(), ("--force",)])
+def test_force_replaces_only_a_dataset_and_refuses_anything_else(tmp_path, capsys, force):
+    """Issue 18, defect 2: `--force` used to delete whatever --out held (a run's checkpoints,
+    a user's files). Now a run folder, a non-dataset folder, and a dataset with a stranger's
+    file in it are refused, forced or not, with nothing touched."""
+    corpus = text_corpus(tmp_path)
+    run_dir = tmp_path / "run1"  # what a training run leaves
+    (run_dir / "checkpoints" / "step-000010").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-000010" / "manifest.json").write_text("{}")
+    (run_dir / "config.json").write_text("{}")
+    mine = tmp_path / "mine"  # a user's folder
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    dataset = tmp_path / "ds"  # a dataset, with a file the user put beside its shards
+    assert run(capsys, "--source", str(corpus), *small(dataset))[0] == 0
+    (dataset / "README.md").write_text("my notes on this dataset")
+    for out, why in (
+        (run_dir, "holds a training run (config.json, 1 checkpoint up to step-000010)"),
+        (mine, "is not empty and holds no dataset (dataset.json)"),
+        (dataset, "holds a dataset and other files (README.md): replacing it would delete"),
+    ):
+        before = snapshot(out)
+        code, _, err = run(capsys, "--source", str(corpus), *small(out, "--seq-len", "8"), *force)
+        assert code == 2 and f"{out} {why}" in err, err
+        assert "use --force" not in err and err.count("\n") == 1
+        assert snapshot(out) == before
+    (dataset / "README.md").unlink()  # a dataset alone: --force replaces it
+    code, _, err = run(capsys, "--source", str(corpus), *small(dataset, "--seq-len", "8"), *force)
+    assert code == (0 if force else 2), err
 
 
 def test_a_failed_rebuild_keeps_the_old_dataset(tmp_path, capsys):

@@ -28,3 +28,10 @@ def test_the_same_failure_at_the_same_update_compares_equal():
 def test_restarts_need_a_train_command():
     proc = run_fleet("launch", "-n", "2", "--restarts", "1", "--", "report", "x", check=False)
     assert proc.returncode == 2 and "--restarts needs a `train` command" in proc.stderr
+
+
+def test_a_relaunch_drops_overwrite_it_goes_on_in_its_own_folder(tmp_path):
+    cmd = ["train", "--data", "d", "--overwrite", "--updates", "9"]
+    assert restart.relaunch_command(cmd, tmp_path, [2]) == [
+        *("train", "--data", "d", "--updates", "9", "--local-batches", "2")
+    ]

@@ -286,7 +286,9 @@ def test_best_without_evaluations(run, tmp_path, capsys, command):
     out = ["--out", str(tmp_path / "m")] if command == "export" else []
     err = fails(capsys, command, str(run), "--best", *out)
     assert err.endswith("this run kept no best checkpoint: it needs --eval-every")
-    assert "neither a checkpoint" in fails(capsys, command, str(tmp_path / "nowhere"), *out)
+    assert "nowhere does not exist" in fails(capsys, command, str(tmp_path / "nowhere"), *out)
+    (tmp_path / "folder").mkdir()  # there, but neither a checkpoint nor a run
+    assert "neither a checkpoint" in fails(capsys, command, str(tmp_path / "folder"), *out)
 
 
 def test_best_follows_the_link(run, tmp_path):

@@ -178,6 +178,28 @@ def test_fleet_sample_defaults_to_the_runs_prompt(run, monkeypatch):
     assert prompts == [[ByteTokenizer().eos_id]]  # an empty prompt: a new document
 
 
+def test_fleet_sample_takes_mlx_lms_names_too(run, monkeypatch):
+    """Issue 18: `fleet sample` accepts mlx_lm.generate's --max-tokens and --temp."""
+    texts = []
+    for argv in (["--tokens", "12", "--temperature", "0"], ["--max-tokens", "12", "--temp", "0"]):
+        out = Recorder()
+        monkeypatch.setattr("sys.stdout", out)
+        assert fleet(["sample", str(run), "--prompt", "import ", *argv]) == 0
+        texts.append(out.getvalue())
+    assert texts[0] == texts[1] and len(texts[0]) > len("import ")
+
+
+@pytest.mark.parametrize("name", ["sample", "export"])
+def test_a_missing_target_is_said_to_not_exist(run, tmp_path, capsys, name):
+    """Issue 18, defect 11: a missing path was "neither a checkpoint nor a run folder"."""
+    out = ("--out", str(tmp_path / "x")) if name == "export" else ()
+    err = fails(capsys, name, str(tmp_path / "nope"), *out)
+    assert f"{tmp_path / 'nope'} does not exist" in err
+    missing = run / "checkpoints" / "step-999999"
+    err = fails(capsys, name, str(missing), *out)
+    assert f"{missing} does not exist (its run has step-000060)" in err
+
+
 def test_fleet_sample_refuses_negative_tokens(run, capsys):
     assert "give 0 or more" in fails(capsys, "sample", str(run), "--tokens", "-1")
 

@@ -71,6 +71,12 @@ def test_muon_is_refused_under_tensor_parallelism_with_the_reason():
         TrainConfig(synthetic=True, parallel="tensor", optimizer="muon").validate()
 
 
+def test_a_sharded_optimizer_is_refused_under_tensor_parallelism():
+    # each rank of a tensor-parallel group already holds only its slice of the state
+    with pytest.raises(ConfigError, match="leave --shard-optimizer out"):
+        TrainConfig(synthetic=True, parallel="tensor:2", shard_optimizer=True).validate()
+
+
 def test_the_split_has_one_local_batch_per_replica():
     assert TrainConfig(parallel="tensor", local_batch=4).split(4) == [4]
     assert TrainConfig(parallel="tensor:2", local_batches="3,1").split(4) == [3, 1]

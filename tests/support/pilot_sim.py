@@ -1,0 +1,179 @@
+"""The autopilot against ranks simulated with this project's measured noise, and against what
+any fixed split, or the oracle, would have done with the same noise (common random numbers).
+
+A rank's compute in an update is its per-sample cost x its batch x the machine's load that
+update (shared by all ranks) x its own scatter x now and then a spike, plus a recompile the
+first time it runs a batch size. The defaults are what 4 ranks on the 2-core development box
+showed under load: log-scatter 0.45 shared, 0.25 each (trainer/costs.py), 5% spikes of 2-6x.
+Used by tests/trainer/test_autopilot.py and benchmarks/autopilot.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from trainer.autopilot import Autopilot, RankFigures
+
+Schedule = Callable[[int], Sequence[float]]  # update -> each rank's cost per sample (s)
+GIB = 1 << 30
+
+
+@dataclass
+class Noise:
+    shared: float = 0.45
+    own: float = 0.25
+    spikes: float = 0.05
+    fixed_s: float = 0.0  # per-update cost of a rank that does not depend on its batch
+    recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
+
+
+@dataclass
+class Outcome:
+    """What happened in one simulated run."""
+
+    splits: list[list[int]]  # the split of each update
+    times: list[float]  # each update's time (its slowest rank)
+    changes: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # step, old, new
+    unjustified: list[tuple[int, int, int]] = field(default_factory=list)  # step, from, to
+
+    @property
+    def total(self) -> float:
+        return sum(self.times)
+
+
+def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]]:
+    """Each update's multiplier of each rank's compute (load, scatter, spikes)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(updates):
+        shared = math.exp(rng.gauss(0, noise.shared))
+        row = []
+        for _ in range(world):
+            spike = rng.uniform(2, 6) if rng.random() < noise.spikes else 1.0
+            row.append(shared * math.exp(rng.gauss(0, noise.own)) * spike)
+        out.append(row)
+    return out
+
+
+def compute(cost: float, batch: int, mult: float, noise: Noise) -> float:
+    return (noise.fixed_s + cost * batch) * mult
+
+
+def fly(
+    schedule: Schedule,
+    split: list[int],
+    updates: int,
+    pilot: Autopilot | None = None,
+    noise: Noise | None = None,
+    seed: int = 0,
+) -> Outcome:
+    """Run `updates` updates from `split`, steered by `pilot` (None: the split stays)."""
+    noise = noise or Noise()
+    mult = draws(len(split), updates, noise, seed)
+    seen: list[set[int]] = [{b} for b in split]
+    out = Outcome([], [])
+    queued: list = []  # decided after update t-1, applied at the boundary after update t
+    due: list = []  # applied now: as in a run, a decision takes effect one update later
+    for t in range(updates):
+        for cmd, args in due:
+            if cmd == "rebalance":
+                new = list(args["split"])
+                out.changes.append((t, split, new))
+                costs = schedule(t)
+                for d in range(len(split)):
+                    for r in range(len(split)):
+                        moved = new[d] < split[d] and new[r] > split[r]
+                        # a move the true costs do not justify
+                        if moved and costs[d] * split[d] <= costs[r] * new[r] * (1 + 1e-9):
+                            out.unjustified.append((t, d, r))
+                split = new
+        costs = schedule(t)
+        times = []
+        for r, (c, b) in enumerate(zip(costs, split, strict=True)):
+            extra = 1.0 + (noise.recompile if b not in seen[r] else 0.0)
+            seen[r].add(b)
+            times.append(compute(c, b, mult[t][r], noise) * extra)
+        out.splits.append(list(split))
+        out.times.append(max(times))
+        due, queued = queued, []
+        if pilot is not None:
+            figures = [
+                RankFigures(b, c, GIB, 0, 0, None) for b, c in zip(split, times, strict=True)
+            ]
+            queued = pilot.observe(split, figures).commands
+    return out
+
+
+def splits_of(total: int, world: int) -> list[tuple[int, ...]]:
+    return [s for s in itertools.product(range(1, total + 1), repeat=world) if sum(s) == total]
+
+
+def expected(schedule: Schedule, split: Sequence[int], steps: range, noise: Noise) -> float:
+    """A split's time over `steps` without noise: what hindsight of the costs predicts."""
+    return sum(
+        max(noise.fixed_s + c * b for c, b in zip(schedule(t), split, strict=True)) for t in steps
+    )
+
+
+def measured(schedule: Schedule, split: Sequence[int], steps: range, mult, noise: Noise) -> float:
+    """A split's time over `steps` with this run's noise."""
+    return sum(
+        max(
+            compute(c, b, mult[t][r], noise)
+            for r, (c, b) in enumerate(zip(schedule(t), split, strict=True))
+        )
+        for t in steps
+    )
+
+
+def best_split(schedule: Schedule, world: int, total: int, steps: range, noise: Noise):
+    """The split hindsight of the costs picks for `steps` (noise-free), ties broken by rank
+    order as the balancer breaks them."""
+    return min(splits_of(total, world), key=lambda s: expected(schedule, s, steps, noise))
+
+
+def best_fixed(
+    schedule: Schedule, world: int, total: int, updates: int, noise: Noise, seed: int
+) -> tuple[tuple[int, ...], float]:
+    """The best fixed split in hindsight (of the costs) and its time with this run's noise."""
+    best = best_split(schedule, world, total, range(updates), noise)
+    return best, measured(schedule, best, range(updates), draws(world, updates, noise, seed), noise)
+
+
+def oracle(
+    schedule: Schedule,
+    world: int,
+    total: int,
+    updates: int,
+    phases: Sequence[int],
+    noise: Noise,
+    seed: int,
+) -> float:
+    """The time of the best split of each phase, switched at the right update (the ranks
+    whose batch changes pay the recompile there too), with this run's noise."""
+    mult = draws(world, updates, noise, seed)
+    bounds = [*phases, updates]
+    total_s, last = 0.0, None
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        if b <= a:
+            continue
+        best = best_split(schedule, world, total, range(a, b), noise)
+        total_s += measured(schedule, best, range(a, b), mult, noise)
+        if last is not None and best != last:
+            costs = schedule(a)
+            changed = [r for r in range(world) if best[r] != last[r]]
+            total_s += max(
+                compute(costs[r], best[r], mult[a][r], noise) * noise.recompile for r in changed
+            )
+        last = best
+    return total_s
+
+
+def reaction(out: Outcome, at: int) -> int | None:
+    """Updates from a change of costs at `at` to the first update under a new split."""
+    after = [t for t, _, _ in out.changes if t >= at]
+    return after[0] - at if after else None

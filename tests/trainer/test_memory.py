@@ -1,0 +1,130 @@
+"""--memory-limit-gb: auto (the measured live set + 5%, within the machine's budget), numbers,
+none, and their errors; the limit's effect on a real update's peak."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+
+from bench.update import synthetic_stepper
+from telemetry.units import GiB
+from trainer import memory
+from trainer.config import ConfigError, TrainConfig
+from trainer.data.dataset import SyntheticStream
+
+
+@pytest.fixture(autouse=True)
+def _restore_limit():
+    before = mx.get_memory_limit()
+    yield
+    mx.set_memory_limit(before)
+
+
+def test_the_setting_is_auto_by_default_a_number_a_list_or_none():
+    assert TrainConfig().memory_limit(4, 2) == "auto"
+    assert TrainConfig(memory_limit_gb="8").memory_limit(3, 1) == 8.0
+    assert TrainConfig(memory_limit_gb="0").memory_limit(3, 1) is None
+    assert TrainConfig(memory_limit_gb="").memory_limit(1, 0) is None
+    per_rank = TrainConfig(memory_limit_gb="auto,16,0")
+    assert [per_rank.memory_limit(3, r) for r in range(3)] == ["auto", 16.0, None]
+    assert per_rank.per_rank("memory_limit_gb", 3, 1) == 16.0  # the launcher checks this way
+
+
+@pytest.mark.parametrize(
+    "value, world, message",
+    [
+        ("auto,8", 3, "has 2 values"),
+        ("lots", 1, "neither auto nor a number"),
+        ("-4", 1, "must be auto, 0 or a positive size"),
+    ],
+)
+def test_bad_settings_say_what_to_give(value, world, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(memory_limit_gb=value).memory_limit(world, 0)
+
+
+def test_the_budget_is_the_machine_less_a_reserve_shared_by_its_ranks(monkeypatch):
+    total = 36 * GiB
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: SimpleNamespace(total=total))
+    reserve = max(memory.OS_RESERVE_MIN, int(memory.OS_RESERVE_FRACTION * total))
+    assert memory.machine_budget() == total - reserve
+    assert memory.machine_budget(ranks_here=3) == (total - reserve) // 3
+
+
+def test_auto_on_a_machine_that_reports_no_memory_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: SimpleNamespace(total=0))
+    with pytest.raises(ConfigError) as e:
+        memory.Limit.from_setting("auto")
+    assert "reports no memory" in str(e.value) and "--memory-limit-gb 24" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def _stepper(chunk=32):
+    """A model whose chunked head runs ahead on the CPU without a limit."""
+    model, opt, stepper = synthetic_stepper(
+        depth=2, width=64, heads=2, vocab=4096, seq_len=64, precision="fp32", loss_chunk=chunk
+    )
+    stream = SyntheticStream(4096, 64, 0)
+
+    def update(i: int, batch: int = 4) -> int:
+        mx.reset_peak_memory()
+        stepper.update([mx.array(stream.batch(i * batch, batch, 0, batch))], 1e-4)
+        return mx.get_peak_memory()
+
+    return stepper, update
+
+
+def test_auto_measures_the_live_set_once_then_again_after_the_batch_changes():
+    stepper, update = _stepper()
+    limit = stepper.limit = memory.Limit("auto", budget=8 * GiB)
+    assert limit.apply().startswith("memory limit auto")
+    assert mx.get_memory_limit() == 8 * GiB  # the budget until the live set is measured
+    update(0)
+    live = limit.live
+    assert live > 0 and limit.limit == int(live * (1 + memory.AUTO_HEADROOM))
+    assert mx.get_memory_limit() == limit.limit
+    update(1)
+    assert limit.live == live  # the same batch: measured once
+    update(2, batch=8)  # a rebalance gave this rank more samples: this update runs as set,
+    assert limit.live == live
+    update(3, batch=8)  # and the next one measures again
+    assert limit.live > live and limit.limit == int(limit.live * (1 + memory.AUTO_HEADROOM))
+    assert limit.figures() == {
+        "mem_budget": 8 * GiB,
+        "mem_limit": limit.limit,
+        "live_mem": limit.live,
+    }
+
+
+def test_the_limit_never_passes_the_budget():
+    stepper, update = _stepper()
+    stepper.limit = limit = memory.Limit("auto", budget=1 << 20)  # 1 MiB: less than the live set
+    limit.apply()
+    update(0)
+    assert limit.live > 1 << 20 and limit.limit == 1 << 20
+
+
+def test_by_default_the_peak_is_the_live_set():
+    """Without a limit MLX's CPU stream runs ahead of the graph (tasks of ten kernels hold
+    their inputs until they run): the peak holds dead buffers. auto's limit takes them out."""
+    stepper, update = _stepper()
+    stepper.limit = memory.Limit("none", None)
+    unlimited = max(update(i) for i in range(3))
+    stepper.limit = limit = memory.Limit("auto", budget=8 * GiB)
+    limit.apply()
+    update(0)
+    default = max(update(i) for i in range(1, 4))
+    assert default < unlimited
+    assert default <= 1.25 * limit.live  # what one task's kernels allocate past the limit
+
+
+def test_a_fixed_limit_is_set_as_given_and_none_leaves_mlx_alone():
+    fixed = memory.Limit.from_setting(2.5)
+    assert fixed.apply() == "memory limit 2.5 GiB" and mx.get_memory_limit() == int(2.5 * GiB)
+    assert fixed.figures()["mem_budget"] == fixed.figures()["mem_limit"] == int(2.5 * GiB)
+    before = mx.get_memory_limit()
+    none = memory.Limit.from_setting(None)
+    assert none.apply() is None and mx.get_memory_limit() == before
+    assert none.figures() == {"mem_budget": 0, "mem_limit": 0, "live_mem": 0}
