@@ -285,8 +285,8 @@ class TrainConfig:
             return None
         if len(raw) not in (1, world_size):
             raise ConfigError(
-                f"--memory-limit-gb has {len(raw)} values ({self.memory_limit_gb}) but the run "
-                f"has {world_size} rank(s): give one value, or one per rank"
+                f"--memory-limit-gb has {len(raw)} values ({_short(self.memory_limit_gb)}) but "
+                f"the run has {world_size} rank(s): give one value, or one per rank"
             )
         mine = raw[0] if len(raw) == 1 else raw[rank]
         if mine == "auto":
@@ -299,7 +299,9 @@ class TrainConfig:
                 "(e.g. auto, 24, or 0 for none)"
             ) from None
         if not math.isfinite(gib) or gib < 0:
-            raise ConfigError(f"--memory-limit-gb must be auto, 0 or a positive size, got {mine}")
+            raise ConfigError(
+                f"--memory-limit-gb must be auto, 0 (none) or a positive number of GiB, got {mine}"
+            )
         return gib or None
 
     def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
@@ -338,6 +340,9 @@ class TrainConfig:
         for name in PER_RANK_LOW:  # the values themselves; their count needs the world size
             if getattr(self, name) not in ("", None):
                 per_rank_values(name, getattr(self, name))
+        limits = [p for p in str(self.memory_limit_gb).split(",") if p.strip()]
+        for rank in range(len(limits)):  # auto, 0 (none) or GiB, each (memory_limit says why)
+            self.memory_limit(len(limits), rank)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"--seed must be a whole number in [0, 2**32), got {self.seed}")
         for name, high in LIMITS.items():
@@ -438,7 +443,6 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 # Per-rank values (one, or one per rank) and the least each may be: (bound, inclusive).
 PER_RANK_LOW = {
-    "memory_limit_gb": (0.0, False),  # a limit of 0 GiB would stop the first allocation
     "cache_limit_gb": (0.0, True),  # 0: no cache
     "wired_limit_gb": (0.0, True),
     "simulate_peak_gb": (0.0, True),
