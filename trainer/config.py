@@ -63,6 +63,16 @@ class TrainConfig:
         "of 4096 on)",
         choices=("auto", "fused", "plain"),
     )
+    attention: str = _f(
+        "auto",
+        "how attention runs QK-norm and rotary: plain (MLX's rms_norm and rope, heads-first "
+        "copies), strided (the same kernels, no layout copies), fused (one custom-kernel pass "
+        "over q and k, forward and backward, token-major), fused-qkv (fused, with q, k and v "
+        "from one matmul), or auto (fused-qkv on CUDA, where it measured 1.12x the plain "
+        "update on an H200; plain elsewhere: the CPU gains nothing and the Metal kernel is "
+        "unmeasured). The same math on every path",
+        choices=("auto", "plain", "strided", "fused", "fused-qkv"),
+    )
     loss_chunk: int = _f(
         0,
         "tokens per chunk of the fused loss head (0 = sized by the vocabulary: one chunk's "
@@ -485,6 +495,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "heads",
         "vocab",
         "precision",
+        "attention",
         "loss_head",
         "loss_chunk",
         "grad_checkpoint",
