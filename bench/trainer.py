@@ -76,10 +76,12 @@ def measure(args: argparse.Namespace) -> dict:
     limit = Limit.from_setting(setting)
     limit.apply()
     update, model = make_update(args)
-    update.stepper.limit = limit  # auto measures the live set at the first update, as train's
     memory = None
     if args.breakdown:  # probes, then one update that counts as a warmup
         memory = breakdown(update, args.precision, args.seq_len, args.loss_chunk)
+    # Auto measures the live set at the first whole update, as train's: not the breakdown's,
+    # which resets the peak between its phases (its last phase alone would set the limit).
+    update.stepper.limit = limit
     for i in range(int(args.breakdown), args.warmup):
         update(i)
     times, micro, apply_, peaks = [], [], [], []

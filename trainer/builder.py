@@ -148,6 +148,7 @@ def open_run(
         grad_clip=cfg.grad_clip,
         loss_chunk=cfg.loss_chunk,
         loss_head=cfg.loss_head,
+        attention=cfg.attention,
         grad_checkpoint=cfg.grad_checkpoint,
         shard=shard,
         templates=templates,

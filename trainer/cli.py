@@ -96,51 +96,54 @@ def train_command(args: argparse.Namespace) -> int:
         run_dir = given.get("run_dir") or FIELDS["run_dir"].default
         # One writer per run folder per host, before anything in it is read or moved.
         lock.hold(run_dir, cluster.rank, cluster.size, cluster.all_sum_floats)
-        resume_path, base = None, None
-        which = given.get("resume", "")
-        if which:
-            resume_path, manifest, warnings = catalog.resolve(run_dir, which)
-            for w in warnings:
-                print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
-            if manifest.get("replicas_agree") is False:
-                if not given.get("resume_disagreeing"):
-                    raise ConfigError(
-                        f"{resume_path}: its ranks' weights disagreed when it was saved "
-                        "(replicas_agree: false); resume an earlier checkpoint, or pass "
-                        "--resume-disagreeing to use it anyway"
+        try:
+            resume_path, base = None, None
+            which = given.get("resume", "")
+            if which:
+                resume_path, manifest, warnings = catalog.resolve(run_dir, which)
+                for w in warnings:
+                    print(f"{who}: warning: {w}", file=sys.stderr, flush=True)
+                if manifest.get("replicas_agree") is False:
+                    if not given.get("resume_disagreeing"):
+                        raise ConfigError(
+                            f"{resume_path}: its ranks' weights disagreed when it was saved "
+                            "(replicas_agree: false); resume an earlier checkpoint, or pass "
+                            "--resume-disagreeing to use it anyway"
+                        )
+                    print(
+                        f"{who}: warning: resuming {resume_path}, whose replicas disagreed",
+                        file=sys.stderr,
                     )
-                print(
-                    f"{who}: warning: resuming {resume_path}, whose replicas disagreed",
-                    file=sys.stderr,
-                )
-            base = catalog.read_json(resume_path, catalog.CONFIG)
-            # A resumed run keeps the checkpoint's settings, except how this session ends.
-            session = ("stop_at", "resume_disagreeing", "overwrite")
-            base = {k: v for k, v in base.items() if k in FIELDS and k not in session}
-            if "seed" in given and given["seed"] != base.get("seed", given["seed"]):
+                base = catalog.read_json(resume_path, catalog.CONFIG)
+                # A resumed run keeps the checkpoint's settings, except how this session ends.
+                session = ("stop_at", "resume_disagreeing", "overwrite")
+                base = {k: v for k, v in base.items() if k in FIELDS and k not in session}
+                if "seed" in given and given["seed"] != base.get("seed", given["seed"]):
+                    raise ConfigError(
+                        f"--seed {given['seed']} differs from the run's seed {base['seed']}: it "
+                        "would re-order the samples mid-epoch (some seen twice, some never); "
+                        "drop --seed to resume, or start a new --run-dir"
+                    )
+            cfg = from_args(args, base)
+            if which and cfg.overwrite:
                 raise ConfigError(
-                    f"--seed {given['seed']} differs from the run's seed {base['seed']}: it "
-                    "would re-order the samples mid-epoch (some seen twice, some never); "
-                    "drop --seed to resume, or start a new --run-dir"
+                    "--overwrite starts a new run, --resume continues the one in --run-dir: "
+                    "give one of them"
                 )
-        cfg = from_args(args, base)
-        if which and cfg.overwrite:
-            raise ConfigError(
-                "--overwrite starts a new run, --resume continues the one in --run-dir: "
-                "give one of them"
-            )
-        # A new run takes a folder without a run in it; a relaunch by `fleet launch
-        # --restarts` that had nothing to resume from goes on in its own folder.
-        fresh = not which and restart_record() is None
-        if fresh and (why := claim_run_folder(cfg.run_dir, cfg.overwrite, cluster, who)):
-            if why.text:  # one rank speaks for the ranks that share its folder
-                print(f"{who}: error: {why.text}", file=sys.stderr, flush=True)
-            return 2
-        if base is not None and cluster.is_root:
-            note = schedule_note(base, cfg, given, resume_path)
-            if note:
-                print(f"{who}: note: {note}", flush=True)
-        return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
+            # A new run takes a folder without a run in it; a relaunch by `fleet launch
+            # --restarts` that had nothing to resume from goes on in its own folder.
+            fresh = not which and restart_record() is None
+            if fresh and (why := claim_run_folder(cfg.run_dir, cfg.overwrite, cluster, who)):
+                if why.text:  # one rank speaks for the ranks that share its folder
+                    print(f"{who}: error: {why.text}", file=sys.stderr, flush=True)
+                return 2
+            if base is not None and cluster.is_root:
+                note = schedule_note(base, cfg, given, resume_path)
+                if note:
+                    print(f"{who}: note: {note}", flush=True)
+            return cluster.finish(loop(cfg, cluster, resume_path, frozenset(given)))
+        finally:
+            lock.release(run_dir)
     except (
         ConfigError,
         catalog.CheckpointError,
@@ -166,6 +169,7 @@ def claim_run_folder(run_dir: str, overwrite: bool, cluster, who: str) -> Refusa
     aside first. Two tiny all-reduces: no rank writes into its folder before every host's
     old run is out of the way."""
     from telemetry import rundir
+    from trainer import lock
 
     held = rundir.held(run_dir)
     holding = [0.0] * cluster.size
@@ -181,6 +185,10 @@ def claim_run_folder(run_dir: str, overwrite: bool, cluster, who: str) -> Refusa
     if held and (moved := rundir.move_aside(run_dir)) is not None:
         print(f"{who}: --overwrite: moved the run in {run_dir} to {moved}", flush=True)
     cluster.barrier()
+    # The lock went aside with the old run: its holder locks the new folder (no other
+    # process could take it meanwhile: the folder did not exist).
+    if not lock.intact(run_dir) and (why := lock.retake(run_dir)):
+        return Refusal(why)
     return None
 
 

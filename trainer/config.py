@@ -66,6 +66,16 @@ class TrainConfig:
         "of 4096 on)",
         choices=("auto", "fused", "plain"),
     )
+    attention: str = _f(
+        "auto",
+        "how attention runs QK-norm and rotary: plain (MLX's rms_norm and rope, heads-first "
+        "copies), strided (the same kernels, no layout copies), fused (one custom-kernel pass "
+        "over q and k, forward and backward, token-major), fused-qkv (fused, with q, k and v "
+        "from one matmul), or auto (fused-qkv on CUDA, where it measured 1.12x the plain "
+        "update on an H200; plain elsewhere: the CPU gains nothing and the Metal kernel is "
+        "unmeasured). The same math on every path",
+        choices=("auto", "plain", "strided", "fused", "fused-qkv"),
+    )
     loss_chunk: int = _f(
         0,
         "tokens per chunk of the fused loss head (0 = sized by the vocabulary: one chunk's "
@@ -327,8 +337,8 @@ class TrainConfig:
             return None
         if len(raw) not in (1, world_size):
             raise ConfigError(
-                f"--memory-limit-gb has {len(raw)} values ({self.memory_limit_gb}) but the run "
-                f"has {world_size} rank(s): give one value, or one per rank"
+                f"--memory-limit-gb has {len(raw)} values ({_short(self.memory_limit_gb)}) but "
+                f"the run has {world_size} rank(s): give one value, or one per rank"
             )
         mine = raw[0] if len(raw) == 1 else raw[rank]
         if mine == "auto":
@@ -341,7 +351,9 @@ class TrainConfig:
                 "(e.g. auto, 24, or 0 for none)"
             ) from None
         if not math.isfinite(gib) or gib < 0:
-            raise ConfigError(f"--memory-limit-gb must be auto, 0 or a positive size, got {mine}")
+            raise ConfigError(
+                f"--memory-limit-gb must be auto, 0 (none) or a positive number of GiB, got {mine}"
+            )
         return gib or None
 
     def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
@@ -380,6 +392,9 @@ class TrainConfig:
         for name in PER_RANK_LOW:  # the values themselves; their count needs the world size
             if getattr(self, name) not in ("", None):
                 per_rank_values(name, getattr(self, name))
+        limits = [p for p in str(self.memory_limit_gb).split(",") if p.strip()]
+        for rank in range(len(limits)):  # auto, 0 (none) or GiB, each (memory_limit says why)
+            self.memory_limit(len(limits), rank)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"--seed must be a whole number in [0, 2**32), got {self.seed}")
         for name, high in LIMITS.items():
@@ -496,7 +511,6 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 # Per-rank values (one, or one per rank) and the least each may be: (bound, inclusive).
 PER_RANK_LOW = {
-    "memory_limit_gb": (0.0, False),  # a limit of 0 GiB would stop the first allocation
     "cache_limit_gb": (0.0, True),  # 0: no cache
     "wired_limit_gb": (0.0, True),
     "simulate_peak_gb": (0.0, True),
@@ -539,6 +553,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "heads",
         "vocab",
         "precision",
+        "attention",
         "loss_head",
         "loss_chunk",
         "grad_checkpoint",

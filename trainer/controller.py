@@ -120,7 +120,8 @@ class Controller:
             # `fleet launch` passes its signal to every rank (some get it a boundary later):
             # naming one of them would say nothing. A rank signalled on its own is named.
             alone = len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV)
-            name, payload, reason = "stop", [], lifeline.describe(code, rank if alone else None)
+            named = alone or code == lifeline.LOST_CODE  # a lifeline is lost one rank at a time
+            name, payload, reason = "stop", [], lifeline.describe(code, rank if named else None)
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):

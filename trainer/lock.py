@@ -126,6 +126,16 @@ def hold(
         raise RunInUse(f"another rank found run folder {run_dir} in use (its message says by whom)")
 
 
+def release(run_dir: str | os.PathLike[str]) -> None:
+    """Let go of this process's lock on `run_dir`: the end of a run that returns rather than
+    exits (an in-process `fleet train`, as tests and benchmarks call it). A process that
+    ends releases it anyway."""
+    held = _HELD.pop(os.path.abspath(run_dir), None)
+    if held is not None:
+        with contextlib.suppress(OSError):
+            os.close(held[0])  # closing the descriptor drops the flock
+
+
 def intact(run_dir: str | os.PathLike[str]) -> bool:
     """Whether the lock this process holds on `run_dir` is still the folder's lock file
     (False once the file, or the whole folder, was removed or replaced)."""

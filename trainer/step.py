@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten, tree_map
 from trainer import memory
 from trainer.checkpoint import store
 from trainer.distributed import Cluster
-from trainer.model import tensor
+from trainer.model import kernels, tensor
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
 from trainer.shard import Shard
@@ -105,6 +105,17 @@ def recompute_relu2(model: GPT) -> None:
         block.mlp.__class__ = RecomputedMLP
 
 
+def attention_path(setting: str) -> tuple[str, bool]:
+    """--attention as (kernels.PATHS name, packed q, k, v): auto is fused-qkv where the CUDA
+    kernel runs (benchmarks/RESULTS.md, issue 23: 1.12x the update on an H200), plain
+    elsewhere."""
+    if setting == "auto":
+        setting = "fused-qkv" if kernels.gpu_backend() == "cuda" else "plain"
+    if setting == "fused-qkv":
+        return "fused", True
+    return setting, False
+
+
 class Stepper:
     """Owns the compiled functions for one model and optimizer.
 
@@ -123,6 +134,7 @@ class Stepper:
         grad_clip: float,
         loss_chunk: int = 0,
         loss_head: str = "auto",
+        attention: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
         shard: Shard | None = None,
@@ -146,6 +158,10 @@ class Stepper:
         self.tensor_group = tensor_group
         if tensor_group is not None:
             tensor.shard_gpt(self.twin, tensor_group)
+        # The same attention path for the twin (trained) and the model (evaluated, sampled).
+        path, packed = attention_path(attention)
+        for m in (self.twin, model):
+            m.set_attention(path, packed)
         # Only the twin runs forward passes that are differentiated: the memory levers that
         # trade compute for memory change its modules alone.
         if grad_checkpoint:

@@ -102,10 +102,11 @@ def test_nan_lr_from_the_command_line_is_an_error_not_a_traceback(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (("--memory-limit-gb", "nan"), "--memory-limit-gb: nan is not a finite number"),
-        (("--memory-limit-gb", "inf"), "--memory-limit-gb: inf is not a finite number"),
-        (("--memory-limit-gb", "-4"), "--memory-limit-gb: every value must be more than 0"),
-        (("--memory-limit-gb", "8,0"), "--memory-limit-gb: every value must be more than 0"),
+        (("--memory-limit-gb", "nan"), "--memory-limit-gb must be auto, 0 (none) or a positive"),
+        (("--memory-limit-gb", "inf"), "--memory-limit-gb must be auto, 0 (none) or a positive"),
+        (("--memory-limit-gb", "-4"), "--memory-limit-gb must be auto, 0 (none) or a positive"),
+        (("--memory-limit-gb", "8,-1"), "--memory-limit-gb must be auto, 0 (none) or a positive"),
+        (("--memory-limit-gb", "8,lots"), "--memory-limit-gb: 'lots' is neither auto nor a number"),
         (("--cache-limit-gb", "-1"), "--cache-limit-gb: every value must be at least 0"),
         (("--simulate-peak-gb", "nan"), "--simulate-peak-gb: nan is not a finite number"),
         (("--simulate-slowdown", "nan"), "--simulate-slowdown: nan is not a finite number"),

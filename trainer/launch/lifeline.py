@@ -54,7 +54,7 @@ def describe(code: int, rank: int | None) -> str:
     """The reason a stop request gives, as the `stopped` event and the report say it; `rank`
     the rank that asked, None where naming it would say nothing (every rank got it)."""
     if code == LOST_CODE:
-        return f"a lost lifeline to fleet launch (rank {rank or 0})"
+        return "a lost lifeline to fleet launch" + (f" (rank {rank})" if rank is not None else "")
     if code > LAUNCHER_SIGNAL:
         return f"{signal_words(code - LAUNCHER_SIGNAL)} to fleet launch"
     return signal_words(code) + (f" on rank {rank}" if rank is not None else "")

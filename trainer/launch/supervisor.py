@@ -30,6 +30,7 @@ _RING_NOISE = re.compile(
     r"^\[ring\] (?:Sending to|Receiving from|Socket \d+ was closed|Too many send/recv)"
 )
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+HELD_LINES = 200  # consequences held back until the cause shows (lines; beyond: shown)
 
 
 class Stops:
@@ -211,6 +212,7 @@ class Supervisor:
         assert self.proc.stderr is not None
         in_launcher_traceback = False
         ring_seen = False
+        held: list[str] = []  # consequences seen before any cause: shown only if none comes
         for line in self.proc.stderr:
             if line.startswith("Exception in thread") and "(_thread_fn)" in line:
                 in_launcher_traceback = True  # mlx.launch's own rank thread, not a rank's
@@ -228,6 +230,9 @@ class Supervisor:
                 if self.cause is not None:  # what the cause did to the peers
                     self.hidden += 1
                     continue
+                if len(held) < HELD_LINES:  # the cause may come a moment later: wait for it
+                    held.append(line)
+                    continue
             elif self.cause is None and (m := _RANK_LINE.match(line)) and not _WAITED.match(line):
                 self.cause = (int(m.group(1)), m.group(2).strip())
             m = _FAILED.search(line)
@@ -243,6 +248,11 @@ class Supervisor:
                     )
                 self.failures.append((rank, how, code))
             sys.stderr.write(line)
+            sys.stderr.flush()
+        if self.cause is not None:
+            self.hidden += len(held)
+        else:  # no rank said why: the peers' account is all there is
+            sys.stderr.writelines(held)
             sys.stderr.flush()
 
     def _verdict(self, code: int, ended: bool, left: int) -> int:

@@ -126,6 +126,15 @@ def _model(path: str, packed: bool = False) -> GPT:
     return model
 
 
+def test_attention_setting_names_a_path_and_auto_is_plain_without_the_cuda_kernel():
+    from trainer.step import attention_path
+
+    assert attention_path("fused-qkv") == ("fused", True)
+    assert attention_path("strided") == ("strided", False)
+    want = ("fused", True) if kernels.gpu_backend() == "cuda" else ("plain", False)
+    assert attention_path("auto") == want
+
+
 def test_set_attention_refuses_an_unknown_path():
     with pytest.raises(ValueError, match="unknown attention path 'fast'; one of plain"):
         _model("plain").set_attention("fast")
@@ -168,8 +177,13 @@ def test_stepper_gradients_equal_with_each_path(path, packed, checkpointed):
             pad_id=-1,
             grad_clip=1.0,
             grad_checkpoint=ckpt,
+            attention="fused-qkv" if (p, pack) == ("fused", True) else p,
         )
-        stepper.twin.set_attention(p, pack)
+        if pack and p != "fused":  # packed plain: no --attention names it
+            for m in (stepper.twin, model):
+                m.set_attention(p, pack)
+        blocks = stepper.twin.blocks + model.blocks  # trained and evaluated alike
+        assert {(b.attn.path, b.attn.packed) for b in blocks} == {(p, pack)}
         acc, loss, _ = stepper.microstep(None, None, None, batch)
         mx.eval(acc, loss)
         grads[p, pack, ckpt] = (loss.item(), dict(tree_flatten(acc)))
