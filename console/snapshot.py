@@ -118,7 +118,8 @@ def header(fleet: Fleet) -> HeaderInfo:
     mode = fleet.parallelism()
     info.parallel = mode.describe() if mode.fixed_split else ""
     split = fleet.split()
-    info.global_batch = sum(split) if split is not None else None
+    # A tensor-parallel group reads one batch together: count it once per group, not per rank.
+    info.global_batch = sum(split[:: mode.tensor]) if split is not None else None
     ref = reference(fleet)
     if ref is not None and ref.last is not None:
         recent = ref.recent(SMOOTH)
