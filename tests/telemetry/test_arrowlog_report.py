@@ -205,7 +205,7 @@ def test_report_shows_each_rank_s_optimizer_share_and_resident_bytes(tmp_path):
     assert [r["resident_mem"] for r in s["ranks"]] == [GiB // 2, GiB // 4, GiB // 4]
     out = io.StringIO()
     render(s, Console(file=out, width=160))
-    assert "Optimizer sharded" in out.getvalue() and "rank 1 25.0% 0.25 GiB" in out.getvalue()
+    assert "Optimizer sharded" in out.getvalue() and "rank 1 25.0% 256 MiB" in out.getvalue()
     plain = tmp_path / "plain"
     synthetic.write_run(plain, world_size=2, steps=3, slow_rank=None, rebalance_at=None)
     out = io.StringIO()
