@@ -44,15 +44,12 @@ class Parallelism:
         """The mode with its groups, for the report: `tensor (2 ranks a group)`."""
         if self.tensor <= 1:
             return self.mode
-        one = f"{self.tensor} ranks a group"
-        return (
-            f"{self.mode} ({one})"
-            if self.replicas <= 1
-            else f"{self.mode} ({self.replicas} groups of {self.tensor} ranks)"
-        )
+        if self.replicas <= 1:
+            return f"{self.mode} ({self.tensor} ranks a group)"
+        return f"{self.mode} ({self.replicas} groups of {self.tensor} ranks)"
 
     def slice_of(self, rank: int) -> str:
-        """Which slice of the model `rank` holds: `slice 1 of 2, group 0`."""
+        """Which slice of the model `rank` holds: `slice 2 of 2, group 1` (1-based slices)."""
         if self.tensor <= 1:
             return ""
         group = f", group {rank // self.tensor}" if self.replicas > 1 else ""
