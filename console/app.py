@@ -32,6 +32,7 @@ from console.screens import (
     RebalanceScreen,
 )
 from console.widgets import EventLog, LossChart, RankTable, RunHeader
+from telemetry.parallelism import FIXED_SPLIT
 
 HEADROOM = 0.15  # memory kept free on every rank when rebalancing
 
@@ -191,6 +192,15 @@ class FleetApp(App[int]):
             return True
         return False
 
+    def _fixed_split(self, what: str) -> bool:
+        """Say that a tensor-parallel split cannot change, if it is one; True when so."""
+        if not self.fleet.parallelism().fixed_split:
+            return False
+        self.fleet.log(f"✗ {what}: not sent: {FIXED_SPLIT}", "warning")
+        self.notify(FIXED_SPLIT, title=f"{what} not offered", severity="warning", timeout=10)
+        self._frame(force=True)
+        return True
+
     def _confirm_then_send(self, cmd: str) -> None:
         if self._refuse(cmd):
             return
@@ -239,6 +249,8 @@ class FleetApp(App[int]):
         if self._refuse("autopilot"):
             return
         on = not self.fleet.autopilot
+        if on and self._fixed_split("autopilot"):  # it rebalances: the trainer refuses it too
+            return
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -250,7 +262,8 @@ class FleetApp(App[int]):
         self.push_screen(ConfirmScreen.before("autopilot on" if on else "autopilot off"), answered)
 
     def action_rebalance(self) -> None:
-        if self._refuse("rebalance"):
+        # Before the read-only check: no console could send this one, so say the real reason.
+        if self._fixed_split("rebalance") or self._refuse("rebalance"):
             return
         split = self.fleet.split()
         if split is None:

@@ -20,6 +20,8 @@ from console.hostfile import RankTarget
 from console.journal import Journal
 from console.link_phase import NOBODY, UP, LinkPhase, LinkStatus
 from console.series import Series
+from telemetry.parallelism import Parallelism
+from telemetry.parallelism import parse as parse_parallelism
 from telemetry.records import Dropped, Event, Hello, Message, Reply, Update
 
 HISTORY = 1200  # updates kept per rank: the widest charts and the balancer read from these
@@ -109,6 +111,7 @@ class Fleet:
         self.alert = ""  # the newest alert's words
         self.last_time: float | None = None  # the newest record's own time (the run's clock)
         self.total_updates: int | None = None
+        self.parallel = "data"  # as the hellos (or a replay's started event) name it
         self.pending: dict[int, SentCommand] = {}
         self._early: dict[int, Reply] = {}  # replies that arrived before their command_sent
         self.warning = ""
@@ -133,6 +136,10 @@ class Fleet:
     def ended(self) -> bool:
         """Every rank's record is over (a replay played its last one)."""
         return bool(self.ranks) and all(v.phase is LinkPhase.ENDED for v in self.ranks)
+
+    def parallelism(self) -> Parallelism:
+        """How the run's ranks share the work (data parallel until a record says otherwise)."""
+        return parse_parallelism(self.parallel, self.world_size)
 
     def split(self) -> list[int] | None:
         """Every rank's local batch, once each has reported its own."""
@@ -233,6 +240,7 @@ class Fleet:
         if not self.run_id:
             self.run_id = hello.run_id
             self.world_size = hello.world_size
+            self.parallel = hello.parallel
         elif hello.run_id != self.run_id:
             self.warning = f"rank {view.rank} serves run {hello.run_id}, not {self.run_id}"
             self.log(self.warning, "error", rank=view.rank)
@@ -268,6 +276,8 @@ class Fleet:
             self.failed = ""
             if isinstance(data.get("updates"), int):
                 self.total_updates = data["updates"]
+            if isinstance(data.get("parallel"), str):  # a replay's only word on the mode
+                self.parallel = data["parallel"]
         elif e.kind in ("paused", "resumed"):
             self.paused = e.kind == "paused"
         elif e.kind == "stopped":

@@ -133,6 +133,7 @@ def table(fleet: Fleet, now: float | None = None) -> Table:
         f"{fmt.count(h.tokens_per_s)} tok/s · update {fmt.secs(h.update_s)} · "
         f"loss {'—' if h.loss is None else f'{h.loss:.4f}'} · "
         + (h.ended if h.ended else f"{h.live}/{h.world} reached")
+        + (f" · {h.parallel}" if h.parallel else "")
     )
     t = Table(
         title=title,
@@ -143,6 +144,8 @@ def table(fleet: Fleet, now: float | None = None) -> Table:
         padding=(0, 1),
         collapse_padding=True,
     )
+    # Tensor parallelism: the per-block collectives, only where some rank reports them.
+    coll = any(v.last is not None and v.last.collective_s > 0 for v in fleet.ranks)
     for name, justify in [
         ("rank", "right"),
         ("host", "left"),
@@ -150,6 +153,7 @@ def table(fleet: Fleet, now: float | None = None) -> Table:
         ("compute░wait", "left"),
         ("update", "right"),
         ("wait", "right"),
+        *([("coll", "right")] if coll else []),
         ("peak/total", "right"),
         ("tok/s", "right"),
         ("age", "right"),
@@ -164,6 +168,7 @@ def table(fleet: Fleet, now: float | None = None) -> Table:
         link = render.link_text(v.link, clock)
         if v.hello is not None and v.phase is LinkPhase.LOST:
             link = Text("● reached", "green")  # the snapshot is taken; the link was closed by us
+        colls = [fmt.secs(u.collective_s) if u and u.collective_s > 0 else "—"] if coll else []
         t.add_row(
             Text(
                 f"{'»' if v.rank == strag else ''}{v.rank}", "bold red" if v.rank == strag else ""
@@ -173,6 +178,7 @@ def table(fleet: Fleet, now: float | None = None) -> Table:
             render.time_bar(u, 12, scale),
             fmt.secs(u.update_s) if u else "—",
             fmt.secs(u.wait_s) if u else "—",
+            *colls,
             f"{fmt.nbytes(u.peak_mem)}/{fmt.nbytes(v.memory_total)}" if u else "—",
             fmt.count(u.tokens_per_s) if u else "—",
             fmt.duration(max(0.0, clock - u.time)) if u else "—",  # how old the newest one is

@@ -3,7 +3,8 @@
 Every bar carries its meaning in its characters as well as its colour, so a terminal without
 colour (or a reader who cannot tell red from green) still reads it:
 
-    time bar   █ compute   ░ wait for the slowest rank   ▒ all-reduce + optimizer
+    time bar   █ compute   ▓ per-block collectives (tensor parallelism: inside compute)
+               ░ wait for the slowest rank   ▒ all-reduce + optimizer
     memory     █ active    ▓ peak above active            ░ allocator cache
 """
 
@@ -18,11 +19,12 @@ from console import fmt
 from console.link_phase import LinkPhase, LinkStatus
 from telemetry.records import Update
 
-COMPUTE, WAIT, OTHER = "█", "░", "▒"
+COMPUTE, COLLECTIVE, WAIT, OTHER = "█", "▓", "░", "▒"
 ACTIVE, PEAK, CACHE, FREE = "█", "▓", "░", "·"
 SPARKS = "▁▂▃▄▅▆▇█"
 
 STYLE_COMPUTE = "green"
+STYLE_COLLECTIVE = "magenta"
 STYLE_WAIT = "yellow"
 STYLE_OTHER = "blue"
 STYLE_DIM = "bright_black"
@@ -42,7 +44,8 @@ def _cells(parts: Sequence[float], width: int) -> list[int]:
 
 
 def time_bar(u: Update | None, width: int, scale_s: float | None = None) -> Text:
-    """Compute vs wait vs the rest of one update, `width` cells wide.
+    """Compute (and the collectives inside it) vs wait vs the rest of one update, `width`
+    cells wide.
 
     With `scale_s` (the slowest rank's update time) every rank's bar shares one scale, so a
     short bar is a rank that finished early; without it the bar fills the width.
@@ -50,18 +53,29 @@ def time_bar(u: Update | None, width: int, scale_s: float | None = None) -> Text
     if u is None or width <= 0:
         return Text("·" * max(width, 0), style=STYLE_DIM)
     other = max(0.0, u.transfer_s + u.optimizer_s)
-    parts = [max(0.0, u.compute_s), max(0.0, u.wait_s), other]
+    compute = max(0.0, u.compute_s)
+    coll = min(compute, max(0.0, u.collective_s))  # measured inside compute_s: split it out
+    parts = [compute - coll, coll, max(0.0, u.wait_s), other]
     total = max(sum(parts), u.update_s)
     used = width
     if scale_s and scale_s > 0:
         used = min(width, max(1, round(width * total / scale_s)))
-    c, w, o = _cells(parts, used)
+    c, k, w, o = _cells(parts, used)
     text = Text()
     text.append(COMPUTE * c, STYLE_COMPUTE)
+    text.append(COLLECTIVE * k, STYLE_COLLECTIVE)
     text.append(WAIT * w, STYLE_WAIT)
     text.append(OTHER * o, STYLE_OTHER)
-    text.append(" " * (width - c - w - o))
+    text.append(" " * (width - c - k - w - o))
     return text
+
+
+def collective_share(u: Update) -> tuple[float | None, float | None]:
+    """The collectives' share of compute and of the whole update (None where undefined)."""
+    coll = max(0.0, u.collective_s)
+    of_compute = coll / u.compute_s if u.compute_s > 0 else None
+    of_update = coll / u.update_s if u.update_s > 0 else None
+    return of_compute, of_update
 
 
 def mem_style(fraction: float) -> str:

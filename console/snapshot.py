@@ -13,6 +13,7 @@ from console import fmt
 from console.fleet import Fleet, RankView
 from console.link_phase import UP
 from telemetry import balance
+from telemetry.parallelism import FIXED_SPLIT
 
 SMOOTH = 10  # updates averaged for rates, the update time and the straggler
 STRAGGLER_SPREAD = 0.10  # a rank is called the straggler when compute times differ by > 10%
@@ -44,6 +45,7 @@ class HeaderInfo:
     best: tuple[int, float] | None = None  # (update, val loss) of the run's best checkpoint
     autopilot: bool | None = None
     alert: str = ""
+    parallel: str = ""  # "tensor parallel x2", "2 replicas x tensor 2"; "" in data parallelism
 
 
 @dataclass(slots=True)
@@ -113,8 +115,11 @@ def header(fleet: Fleet) -> HeaderInfo:
         autopilot=fleet.autopilot,
         alert=fleet.alert,
     )
+    mode = fleet.parallelism()
+    info.parallel = mode.describe() if mode.fixed_split else ""
     split = fleet.split()
-    info.global_batch = sum(split) if split is not None else None
+    # A tensor-parallel group reads one batch together: count it once per group, not per rank.
+    info.global_batch = sum(split[:: mode.tensor]) if split is not None else None
     ref = reference(fleet)
     if ref is not None and ref.last is not None:
         recent = ref.recent(SMOOTH)
@@ -166,6 +171,8 @@ def proposal(
     fleet: Fleet, headroom: float = 0.15
 ) -> tuple[balance.Proposal | None, list[balance.RankModel], str]:
     """The balancer's proposal for this run, the fitted models, and why not if none."""
+    if fleet.parallelism().fixed_split:
+        return None, [], FIXED_SPLIT  # nothing to propose: the trainer would refuse any split
     split = fleet.split()
     if split is None:
         return None, [], "not every rank has reported its local batch yet"
@@ -229,6 +236,7 @@ def snapshot(fleet: Fleet, now: float | None = None) -> dict[str, Any]:
         "world": h.world,
         "straggler": h.straggler,
         "global_batch": h.global_batch,
+        "parallel": fleet.parallel,
         "ended": h.ended,
         "ranks": ranks,
         "events": [

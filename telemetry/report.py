@@ -9,6 +9,7 @@ from typing import Any
 
 from telemetry.arrowlog import log_dir, log_ranks, read_events, read_updates
 from telemetry.errors import TelemetryError
+from telemetry.parallelism import parse as parse_parallelism
 from telemetry.records import Event
 from telemetry.units import size_text
 
@@ -34,12 +35,16 @@ def by_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _rank_figures(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     update_s = sum(r["update_s"] for r in rows)
+    # Tensor parallelism: the per-block all-reduces, inside compute (logs before it have none).
+    coll = [r.get("collective_s") or 0.0 for r in rows]
     return {
         "rank": rank,
         "updates": len(rows),
         "median_compute_s": _median([r["compute_s"] for r in rows]),
         "median_wait_s": _median([r["wait_s"] for r in rows]),
         "median_transfer_s": _median([r["transfer_s"] for r in rows]),
+        "median_collective_s": _median(coll),
+        "collective_share": sum(coll) / update_s if update_s else None,
         "median_update_s": _median([r["update_s"] for r in rows]),
         "peak_mem": max((r["peak_mem"] for r in rows), default=0),
         "tokens_per_s": sum(r["local_tokens"] for r in rows) / update_s if update_s else None,
@@ -120,6 +125,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     ]
     started = _unique(events, "started")
     model = dict(started[-1].data) if started else {}
+    # The mode is in the started event (runs before it was recorded read as data parallel).
+    world = model.get("world_size") if isinstance(model.get("world_size"), int) else len(ranks)
+    mode = model.get("parallel")
+    mode = parse_parallelism(mode if isinstance(mode, str) else None, world)
     rates = [r["update_tokens"] / r["update_s"] for r in ref if r.get("update_s")]
     rebalances = []
     moves = _unique(events, "rebalanced")
@@ -144,6 +153,12 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             "params": model.get("params"),
             "precision": model.get("precision"),
             **{k: (model.get("architecture") or {}).get(k) for k in ("depth", "width", "vocab")},
+        },
+        "parallel": {
+            "mode": mode.mode,
+            "tensor": mode.tensor,
+            "replicas": mode.replicas,
+            "text": mode.groups(),
         },
         "median_tokens_per_s": _median(rates),
         "samples": [{"step": s, "text": t} for s, t in sorted(samples.items())],
@@ -232,14 +247,23 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
         f"{summary['steps']} updates, {summary['tokens']:,} tokens, "
         f"{summary['duration_s'] / 60:.1f} min"
     )
+    if mode := summary.get("parallel"):
+        fixed = "; the batch split is fixed (every rank of a group reads the same rows)"
+        console.print(f"parallel: {escape(mode['text'])}{fixed if mode['tensor'] > 1 else ''}")
+    # The per-block collectives of tensor parallelism, when any rank measured them.
+    coll = any((f.get("median_collective_s") or 0) > 0 for f in summary["ranks"])
     table = Table(title="Per rank (medians per update)")
     for col in ("rank", "updates", "compute", "wait", "transfer", "update", "peak mem"):
         table.add_column(col, justify="right")
+    if coll:
+        table.add_column("collective", justify="right")
+        table.add_column("coll share", justify="right")
     table.add_column("tok/s", justify="right")
     table.add_column("waiting", justify="right")
     slow = (summary.get("straggler") or {}).get("rank")
     for f in summary["ranks"]:
         mark = " (sim)" if f["simulated"] else ""
+        colls = [_ms(f["median_collective_s"]), _pct(f["collective_share"])] if coll else []
         table.add_row(
             f"[bold red]{f['rank']}[/]" if f["rank"] == slow else str(f["rank"]),
             str(f["updates"]),
@@ -248,6 +272,7 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
             _ms(f["median_transfer_s"]),
             _ms(f["median_update_s"]),
             _size(f["peak_mem"]),
+            *colls,
             _rate(f["tokens_per_s"]) + mark,
             _pct(f["wait_share"]),
         )

@@ -20,6 +20,8 @@ HELP = """\
 [b]A rank's line[/b]
   [green]█[/green] compute  [yellow]░[/yellow] waiting for the slowest rank  \
 [blue]▒[/blue] all-reduce + optimizer
+  [magenta]▓[/magenta] tensor parallelism: the per-block all-reduces inside compute (the
+  [b]coll[/b] column); its split is fixed, so r and the autopilot say so and send nothing.
   Bars share one scale: a short bar is a rank that finished early.
   [bold red]»[/bold red][bold white on red]  3[/bold white on red] the straggler (here rank \
 3), the rank everyone waits for: press r to rebalance.

@@ -30,6 +30,10 @@ def _series(
     return t
 
 
+def _share(r: float | None) -> str:
+    return "—" if r is None else f"{r:.1%}"
+
+
 def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
     """Everything shown for one rank, laid out for `width` columns."""
     out = Text()
@@ -38,6 +42,9 @@ def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
     out.append(f"  {view.host}")
     if h:
         out.append(f"  {h.chip or '?'} · {h.platform or '?'} · {fmt.nbytes(h.memory_total)}")
+    mode = fleet.parallelism()
+    if mode.fixed_split:  # which slice of the model it holds, and that its split is fixed
+        out.append(f"\n{mode.describe()}: {mode.slice_of(view.rank)}; split fixed", "cyan")
     out.append("\nlink ")
     out.append_text(render.link_text(view.link, now, fleet.paused))
     if view.link and view.link.detail:
@@ -61,6 +68,14 @@ def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
         f"all-reduce {fmt.secs(u.transfer_s)}  optimizer {fmt.secs(u.optimizer_s)}  "
         f"update {fmt.secs(u.update_s)}"
     )
+    if u.collective_s > 0:  # tensor parallelism: the wait its per-block all-reduces add
+        of_compute, of_update = render.collective_share(u)
+        out.append("\ncollective ", render.STYLE_COLLECTIVE)
+        out.append(f"{fmt.secs(u.collective_s)}", "bold")
+        out.append(
+            f"  {_share(of_compute)} of compute, {_share(of_update)} of the update  "
+            f"(the per-block all-reduces, inside compute)",
+        )
     spark_w = max(8, width - LABEL - FIGURES - 14)
     hist = view.recent(spark_w)
     out.append("\n\n")
@@ -73,6 +88,9 @@ def detail_text(view: RankView, fleet: Fleet, width: int, now: float) -> Text:
         ("peak mem", [float(x.peak_mem) for x in hist], fmt.nbytes, "green", None),
         ("cache mem", [float(x.cache_mem) for x in hist], fmt.nbytes, "bright_black", None),
     ]
+    if any(x.collective_s for x in hist):  # tensor parallelism: just under compute
+        colls = [x.collective_s for x in hist]
+        rows.insert(1, ("collective", colls, fmt.secs, render.STYLE_COLLECTIVE, 0.0))
     if any(x.swap_used for x in hist):
         rows.append(("swap", [float(x.swap_used) for x in hist], fmt.nbytes, "red", 0.0))
     out.append(Text("\n").join(_series(n, v, spark_w, s, st, lo) for n, v, s, st, lo in rows))

@@ -2,7 +2,8 @@
 
 A line-API ScrollView: only the lines on screen are rendered, so 64 ranks at 10 updates/s cost
 what the visible rows cost. Columns widen with the terminal; a wait-history sparkline appears
-when there is room for it.
+when there is room for it, and a `coll` column (the per-block collectives of tensor
+parallelism) when some rank reports them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Columns:
     bar: int
     mem: int
     history: int
+    coll: int = 0  # the collectives' column (with its leading space); 0: not shown
 
 
 FIXED = (
@@ -40,10 +42,15 @@ FIXED = (
 )  # every column but the flexible
 
 
-def layout(width: int) -> Columns:
-    """Share the width: bars first, then a wider host, then the history sparkline."""
+COLL = 6  # " 340ms": the widest that fmt.secs writes below ten seconds
+
+
+def layout(width: int, coll: bool = False) -> Columns:
+    """Share the width: bars first, then a wider host, then the history sparkline; `coll`
+    takes its cells from the bars (tensor parallelism: the figure says more than a cell)."""
     host = 8
-    flex = max(8, width - FIXED - host)
+    extra_coll = COLL if coll else 0
+    flex = max(8, width - FIXED - host - extra_coll)
     history = 0
     if flex >= 40:
         history = min(60, (flex - 1) * 2 // 5)
@@ -54,15 +61,21 @@ def layout(width: int) -> Columns:
         flex -= extra
     bar = max(4, flex * 3 // 5)
     mem = max(4, flex - bar - 1)
-    return Columns(host, bar, mem, history)
+    return Columns(host, bar, mem, history, extra_coll)
 
 
 def header_text(cols: Columns) -> Text:
     t = Text(no_wrap=True, style="bold")
     t.append(f" {'rk':>3} {'host':<{cols.host}} {'b':>3} ")
-    bar = "█compute ░wait ▒sync" if cols.bar >= 20 else "compute░wait"
+    if cols.coll and cols.bar >= 26:
+        bar = "█compute ▓coll ░wait ▒sync"
+    else:
+        bar = "█compute ░wait ▒sync" if cols.bar >= 20 else "compute░wait"
     t.append(f"{bar:<{cols.bar}}"[: cols.bar])
-    t.append(f" {'update':>7} ")
+    t.append(f" {'update':>7}")
+    if cols.coll:
+        t.append(f" {'coll':>{cols.coll - 1}}")
+    t.append(" ")
     mem = "█active ▓peak ░cache" if cols.mem >= 20 else "memory"
     t.append(f"{mem:<{cols.mem}}"[: cols.mem])
     t.append(f" {'peak/tot':>9}  {'tok/s':>6} ")
@@ -95,7 +108,11 @@ def row_text(
     b = view.local_batch
     t.append(f"{'—' if b is None else b:>3} ", "bold")
     t.append_text(render.time_bar(u, cols.bar, scale_s))
-    t.append(f" {fmt.secs(u.update_s) if u else '—':>7} ")
+    t.append(f" {fmt.secs(u.update_s) if u else '—':>7}")
+    if cols.coll:  # tensor parallelism: the update's per-block all-reduces (inside compute)
+        coll = fmt.secs(u.collective_s) if u and u.collective_s > 0 else "—"
+        t.append(f" {coll:>{cols.coll - 1}}", render.STYLE_COLLECTIVE)
+    t.append(" ")
     total = view.memory_total
     t.append_text(render.mem_bar(u, total, cols.mem))
     if u is not None and total:
@@ -165,6 +182,7 @@ class RankTable(ScrollView, can_focus=True):
         self._straggler: int | None = None
         self._scale: float | None = None
         self._wait_hi = 0.0
+        self._coll = False
 
     def show(self, fleet: Fleet, now: float) -> None:
         """Redraw from the fleet (only the visible lines are rendered)."""
@@ -174,6 +192,7 @@ class RankTable(ScrollView, can_focus=True):
         lasts = [v.last for v in fleet.ranks if v.last is not None]
         self._scale = max((u.update_s for u in lasts), default=None)
         self._wait_hi = max((u.update_s for v in fleet.ranks for u in v.recent(10)), default=0.0)
+        self._coll = any(u.collective_s > 0 for u in lasts)
         self.virtual_size = Size(self.size.width, len(fleet.ranks) + 1)
         self.refresh()
 
@@ -200,7 +219,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        cols = layout(width)
+        cols = layout(width, self._coll)
         if y == 0:
             style = self.get_component_rich_style("rank-table--header")
             return self._strip(header_text(cols), width, style)

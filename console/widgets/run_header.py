@@ -24,7 +24,7 @@ STATUS_STYLE = {
 
 
 class RunHeader(Widget):
-    """Run id, status, step, tokens, rates, loss, ETA, live ranks and the straggler."""
+    """Run id, status, step, tokens, rates, loss, ETA, live ranks, the mode and the straggler."""
 
     DEFAULT_CSS = """
     RunHeader {
@@ -55,6 +55,8 @@ class RunHeader(Widget):
         else:
             live_style = "bold green" if h.live == h.world and h.world else "bold red"
             top.append(f"  {h.live}/{h.world} live", live_style)
+        if h.parallel:  # tensor parallelism: the split is fixed and the panes show collectives
+            top.append(f"  {h.parallel}", "bold cyan")
         total = f"/{h.total_updates:,}" if h.total_updates else ""
         top.append("  step ")
         top.append(f"{h.step:,}{total}", "bold")

@@ -133,3 +133,20 @@ def test_replay_of_a_finished_run(snap_compare, tmp_path):
         await settle(app)(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_tensor_parallel_main_screen_80x24(snap_compare):
+    """Issue 21: the header says the mode; each rank's line its per-block collectives (coll)."""
+    from tests.support.console_fakes import tensor_fleet
+
+    feed = FakeFeed(n=2)
+    app = FleetApp(feed, clock=lambda: T0 + 100)
+
+    async def run_before(pilot):
+        feed.live()
+        feed.push(tensor_fleet(world=2, collective=0.012))
+        while app.fleet.step() < 20:
+            await pilot.pause(0.02)
+        await settle(app)(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -8,6 +8,7 @@ from typing import Any
 
 from console.hostfile import RankTarget
 from console.link_phase import LinkPhase, LinkStatus
+from telemetry.parallelism import parse as parse_parallelism
 from telemetry.records import Event, Hello, Message, Reply, Update
 from telemetry.units import GiB
 
@@ -29,7 +30,9 @@ async def until(pilot, pred, timeout: float = 30.0) -> None:
         await pilot.pause(0.02)
 
 
-def hello(rank: int, world: int = 4, *, batch: int = 2, run_id: str = "demo-run") -> Hello:
+def hello(
+    rank: int, world: int = 4, *, batch: int = 2, run_id: str = "demo-run", parallel: str = "data"
+) -> Hello:
     return Hello(
         protocol=1,
         run_id=run_id,
@@ -42,6 +45,7 @@ def hello(rank: int, world: int = 4, *, batch: int = 2, run_id: str = "demo-run"
         local_batch=batch,
         config_digest="abc",
         challenge="0" * 32,
+        parallel=parallel,
     )
 
 
@@ -56,8 +60,10 @@ def update(
     loss: float | None = None,
     seq_len: int = 128,
     swap: int = 0,
+    collective: float = 0.0,
 ) -> Update:
-    """Rank `rank`'s update `step`: compute proportional to its batch, waiting for the slowest."""
+    """Rank `rank`'s update `step`: compute proportional to its batch, waiting for the slowest;
+    `collective`: seconds of that compute in tensor parallelism's per-block all-reduces."""
     compute = per_sample * batch
     wait = max(0.0, slowest - compute)
     update_s = compute + wait + 0.02
@@ -83,6 +89,7 @@ def update(
         sys_mem_used=8 * GiB,
         sys_mem_available=8 * GiB,
         swap_used=swap,
+        collective_s=collective,
         tokens_per_s=batch * seq_len / update_s,
         time=T0 + step * update_s,
     )
@@ -110,6 +117,27 @@ def straggler_fleet(
             ),
         )
     )
+    return out
+
+
+def tensor_fleet(
+    steps: int = 20, world: int = 2, parallel: str = "tensor", collective: float = 0.012
+) -> list[tuple[int, Message]]:
+    """Hellos then `steps` updates of a tensor-parallel run: every rank reads the same batch
+    (4 rows), and `collective` s of each rank's compute is its per-block all-reduces."""
+    out: list[tuple[int, Message]] = [
+        (r, hello(r, world, batch=4, parallel=parallel)) for r in range(world)
+    ]
+    for step in range(1, steps + 1):
+        for r in range(world):
+            # Rank r a little slower than r - 1: the group waits for its slowest slice.
+            per = 0.05 * (1 + 0.1 * r)
+            out.append(
+                (r, update(r, step, batch=4, per_sample=per, world=world, collective=collective))
+            )
+    split = [4] * parse_parallelism(parallel, world).replicas  # one local batch per group
+    started = {"world_size": world, "split": split, "updates": 1000, "parallel": parallel}
+    out.append((0, Event("started", 0, 0, data=started, time=T0)))
     return out
 
 

@@ -211,3 +211,44 @@ def test_report_shows_each_rank_s_optimizer_share_and_resident_bytes(tmp_path):
     out = io.StringIO()
     render(summarize(plain), Console(file=out, width=160))
     assert "Optimizer sharded" not in out.getvalue()
+
+
+def test_report_shows_the_tensor_parallel_mode_and_each_rank_s_collectives(tmp_path):
+    """Issue 21: the mode from the started event, and per rank the median time of the per-block
+    all-reduces and their share of the update; a data-parallel run prints no such columns."""
+    import dataclasses
+
+    collectives = [0.030, 0.050]  # rank 1's link is slower: its slice waits longer
+    for rank, coll in enumerate(collectives):
+        log = ArrowLog(tmp_path, rank)
+        log.directory.mkdir(parents=True, exist_ok=True)
+        started = {"world_size": 2, "split": [4], "parallel": "tensor", "updates": 5}
+        records = [Event("started", rank, 0, "run started", started)]
+        for step in range(1, 6):
+            rec = synthetic.update(step, rank, compute_s=0.2, wait_s=0.0, transfer_s=0.0)
+            records.append(dataclasses.replace(rec, collective_s=coll))
+        log.write(records)
+        log.close()
+    s = summarize(tmp_path)
+    assert s["parallel"] == {
+        "mode": "tensor",
+        "tensor": 2,
+        "replicas": 1,
+        "text": "tensor (2 ranks a group)",
+    }
+    assert [r["median_collective_s"] for r in s["ranks"]] == collectives
+    update_s = s["ranks"][0]["median_update_s"]
+    assert s["ranks"][0]["collective_share"] == pytest.approx(0.030 / update_s)
+    out = io.StringIO()
+    render(s, Console(file=out, width=160))
+    text = out.getvalue()
+    assert "parallel: tensor (2 ranks a group); the batch split is fixed" in text
+    assert "collective" in text and "coll share" in text
+    rank1 = next(line for line in text.splitlines() if line.strip("│ ").startswith("1 "))
+    assert "50 ms" in rank1 and f"{0.050 / update_s * 100:.1f}%" in rank1
+
+    plain = tmp_path / "plain"  # an older data-parallel log: no mode recorded, no collectives
+    synthetic.write_run(plain, world_size=2, steps=3, slow_rank=None, rebalance_at=None)
+    out = io.StringIO()
+    render(summarize(plain), Console(file=out, width=160))
+    assert "parallel: data\n" in out.getvalue() and "coll share" not in out.getvalue()
