@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.optimizers as optim
 
-from telemetry import sysmem
+from telemetry import parallelism, sysmem
 from telemetry.control import CommandQueue
 from telemetry.records import Event, Update
 from telemetry.reporter import NullReporter, Reporter
@@ -37,11 +37,6 @@ from trainer.model.gpt import GPT
 from trainer.parallel import Layout
 from trainer.state import LoopState
 from trainer.step import SlowedStepper, Stepper, UpdateFigures
-
-FIXED_SPLIT = (
-    "a tensor-parallel split is fixed: every rank of a group reads the same rows, and the "
-    "groups' batches are set at launch (--local-batches); restart to change them"
-)
 
 
 class ReplicaMismatch(RuntimeError):
@@ -152,7 +147,7 @@ class Run:
             caps_model=memory.memory_caps,
             pilot=self.pilot if self.cluster.is_root and self.layout.tensor == 1 else None,
             on_event=self.tell,
-            fixed_split=FIXED_SPLIT if self.layout.tensor > 1 else "",
+            fixed_split=parallelism.FIXED_SPLIT if self.layout.tensor > 1 else "",
             watch=lifeline.Watch.from_env(),  # started by fleet launch: it may stop us
         )
 

@@ -103,9 +103,9 @@ def test_groups_split_out_of_the_world_need_mpi_or_nccl():
 
 def test_a_tensor_parallel_split_is_fixed_for_rebalance_and_autopilot():
     from telemetry.control import CommandQueue
+    from telemetry.parallelism import FIXED_SPLIT
     from trainer.controller import Controller
     from trainer.distributed import Cluster
-    from trainer.run import FIXED_SPLIT
 
     queue = CommandQueue()
     ctl = Controller(Cluster.solo(), queue, fixed_split=FIXED_SPLIT)
