@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import pyarrow.compute as pc
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -61,14 +62,14 @@ def equality(data: Path, tmp: Path, updates: int) -> dict:
     common += ["--checkpoint-every", str(updates)]
     train(data, tmp / "one", 1, *common)
     base_w, base_loss = weights(tmp / "one", updates), read_updates(tmp / "one")
-    base_loss = np.array(base_loss.filter(base_loss["rank"].equal(0))["loss"].to_pylist())
+    base_loss = np.array(base_loss.filter(pc.equal(base_loss["rank"], 0))["loss"].to_pylist())
     out = {}
     for n in (2, 4):
         run = tmp / f"tp{n}"
         train(data, run, n, *common, "--parallel", "tensor")
         w = weights(run, updates)
         t = read_updates(run)
-        loss = np.array(t.filter(t["rank"].equal(0))["loss"].to_pylist())
+        loss = np.array(t.filter(pc.equal(t["rank"], 0))["loss"].to_pylist())
         out[f"tp{n}"] = {
             "loss_max_rel": float(np.max(np.abs(loss - base_loss) / np.abs(base_loss))),
             "weights_max_norm_rel": max(
@@ -85,10 +86,12 @@ def started(run: Path) -> dict[int, dict]:
     return {e["rank"]: e["data"] for e in read_events(run) if e["kind"] == "started"}
 
 
-def peaks(run: Path) -> dict[int, int]:
+def peaks(run: Path, field: str = "peak_mem") -> dict[int, int]:
+    """Each rank's largest `field` over the run's updates (peak_mem, or live_mem: the live
+    set, measured under a tight limit at the first update)."""
     t = read_updates(run)
     return {
-        r: max(t.filter(t["rank"].equal(r))["peak_mem"].to_pylist())
+        r: max(t.filter(pc.equal(t["rank"], r))[field].to_pylist())
         for r in set(t["rank"].to_pylist())
     }
 
@@ -102,9 +105,13 @@ def memory(data: Path, tmp: Path, depths: list[int], limit_mib: float) -> dict:
             args = [*MODEL, "--depth", str(depth), "--local-batch", "2", "--updates", "2"]
             train(data, run, n, *args, *(["--parallel", "tensor"] if n > 1 else []))
             bytes_ = [started(run)[r]["resident_bytes"] for r in range(n)]
-            peak = max(peaks(run).values())
-            resident.setdefault(n, {})[depth] = {"resident_bytes": bytes_, "peak_bytes": peak}
-            if peak <= limit_mib * 2**20:
+            peak, live = max(peaks(run).values()), max(peaks(run, "live_mem").values())
+            resident.setdefault(n, {})[depth] = {
+                "resident_bytes": bytes_,
+                "peak_bytes": peak,
+                "live_set_bytes": live,
+            }
+            if live <= limit_mib * 2**20:  # what must fit: a limit below it only serializes
                 fits = depth
         deepest[n] = fits
     ratio = {
@@ -126,7 +133,7 @@ def cost(data: Path, tmp: Path, pairs: int, updates: int) -> dict:
             split = ["--local-batch", "2"] if mode == "data" else ["--local-batch", "4"]
             train(data, run, 2, *common, *split, "--parallel", mode)
             t = read_updates(run)
-            t = t.filter(t["rank"].equal(0))
+            t = t.filter(pc.equal(t["rank"], 0))
             times = t["update_s"].to_pylist()[2:]  # the first updates compile
             rows[mode].append(statistics.median(times))
             if mode == "tensor":
