@@ -132,6 +132,7 @@ def open_run(
         loss_chunk=cfg.loss_chunk,
         loss_head=cfg.loss_head,
         grad_checkpoint=cfg.grad_checkpoint,
+        optimizer_step=cfg.optimizer_step,
         shard=shard,
         templates=templates,
         **({"factor": factor} if slowed else {}),
