@@ -111,7 +111,7 @@ class TrainConfig:
     optimizer_step: str = _f(
         "per-tensor",
         "AdamW's step: per-tensor (one fused kernel a tensor), or flat (its tensors end to end "
-        "in one buffer per dtype, moments kept so: one norm and one AdamW kernel; the same "
+        "in a few buffers by dtype, moments kept so: a norm and an AdamW kernel a buffer; the same "
         "math, the weights equal to FP32 rounding; Muon's matrices stay per tensor; "
         "checkpoints per tensor either way; not with --shard-optimizer)",
         choices=("per-tensor", "flat"),

@@ -128,7 +128,7 @@ class Stepper:
         # gathering a checkpoint.
         self.shard, self.templates = shard, templates
         # --optimizer-step flat (unsharded only: the sharded step keeps its rows per tensor):
-        # AdamW's tensors packed into one buffer per dtype, its moments packed from here on
+        # AdamW's tensors packed into a few buffers per dtype, its moments packed from here on
         # (trainer/flat.py). Before the compiled step captures the optimizer state.
         self.packing = None
         if optimizer_step == "flat":
@@ -356,7 +356,7 @@ class Stepper:
         # fold into a single scale that compile fuses into AdamW's elementwise update, so the
         # mean gradient is never written out on its own (a full pass over the weights saved).
         params = self.model.trainable_parameters()
-        if self.packing is not None:  # one buffer per dtype: one norm, one AdamW kernel
+        if self.packing is not None:  # a few buffers: a few norms and AdamW kernels
             grad_sum, params = self.packing.pack(grad_sum), self.packing.pack(params)
         norm = global_norm(grad_sum) / ntok
         scale = 1.0 / ntok
