@@ -574,7 +574,12 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
         piece("head.whole", lambda: head(chunk=0))
         piece(f"head.chunk-{a.loss_chunk}", lambda: head(chunk=a.loss_chunk))
 
-    grads = tree_map(lambda p: mx.full(p.shape, 1e-3, dtype=mx.float32), model.parameters())
+    # Random, not mx.full: a constant is stored as one broadcast element, and AdamW's moments
+    # made from it stay one element too, so the per-tensor step would skip their passes.
+    key = mx.random.key(1)
+    grads = tree_map(
+        lambda p: 1e-3 * mx.random.normal(p.shape, dtype=mx.float32, key=key), model.parameters()
+    )
     ntok = mx.array(float(B * T))
     mx.eval(grads)
 

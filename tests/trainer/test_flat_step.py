@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from fleet.cli import main as fleet
 from tests.support.tiny_run import OneRank
@@ -62,6 +62,15 @@ def test_adamw_flat_gives_the_per_tensor_weights(precision):
         }
 
 
+def test_many_buffers_step_as_one(monkeypatch):
+    from trainer import flat
+
+    monkeypatch.setitem(flat.MAX_ELEMENTS, "cpu", 5000)  # more than 3 buffers
+    want, _ = _trained("per-tensor", "mixed", "adamw", 0.0)
+    got, _ = _trained("flat", "mixed", "adamw", 0.0)
+    assert _max_diff(want, got) == 0.0
+
+
 def test_muons_adamw_part_goes_flat_and_its_matrices_stay():
     """Muon's orthogonalization magnifies a last-bit change of the clip scale (a 2e-6 change of
     the norm moves today's own weights by about 2e-2 in four updates), so the comparison is
@@ -76,6 +85,30 @@ def test_muons_adamw_part_goes_flat_and_its_matrices_stay():
     packing = Packing(model.parameters(), make_optimizer(TrainConfig(optimizer="muon")))
     assert all(n.startswith("blocks.") for n in packing.kept)  # Muon's, per tensor
     assert [n for g in packing.groups for n in g.names] == ["wte.weight", "lm_head.weight"]
+
+
+def test_many_buffers_pack_and_unpack_to_the_same_tensors():
+    """Buffers of at most 5,000 elements: whole tensors, in order; the state's round trip."""
+    model = GPT(TINY)
+    model.init_weights(0)
+    opt = make_optimizer(TrainConfig(synthetic=True))
+    opt.init(model.trainable_parameters())
+    opt.state = tree_map(lambda a: a + 1.0, opt.state)  # moments that are not zeros
+    want_state = dict(tree_flatten(opt.state))
+    packing = Packing(model.trainable_parameters(), opt, max_elements=5000)
+    assert len(packing.groups) > 3
+    names = [n for g in packing.groups for n in g.names]
+    assert names == [n for n, _ in tree_flatten(model.trainable_parameters())]
+    packed = packing.pack(model.trainable_parameters())
+    back = dict(tree_flatten(packing.unpack(packed)))
+    for n, p in tree_flatten(model.trainable_parameters()):
+        assert np.array_equal(np.array(back[n]), np.array(p)), n
+    packing.pack_state(opt)
+    assert not any(k.endswith(".m") and k.startswith("wte") for k, _ in tree_flatten(opt.state))
+    got_state = dict(tree_flatten(packing.unpacked_state(opt)))
+    assert got_state.keys() == want_state.keys()
+    for k in want_state:
+        assert np.array_equal(np.array(got_state[k]), np.array(want_state[k])), k
 
 
 def _cfg(run, step: str, **kw) -> TrainConfig:
