@@ -131,7 +131,7 @@ class Stepper:
         attention: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
-        optimizer_step: str = "per-tensor",
+        optimizer_step: str = "auto",
         shard: Shard | None = None,
         templates: tuple[Tree, Tree] | None = None,
     ):
@@ -144,6 +144,9 @@ class Stepper:
         # AdamW's tensors packed into a few buffers per dtype, its moments packed from here on
         # (trainer/flat.py). Before the compiled step captures the optimizer state.
         self.packing = None
+        if optimizer_step == "auto":  # flat where it wins (a GPU), never sharded
+            gpu = mx.default_device() == mx.gpu
+            optimizer_step = "flat" if gpu and shard is None else "per-tensor"
         if optimizer_step == "flat":
             if shard is not None:
                 raise ValueError("the flat optimizer step is for an unsharded optimizer")

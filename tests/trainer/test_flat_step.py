@@ -152,13 +152,25 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: usage, one error line, the --help hint
         fleet(["train", "--synthetic", "--optimizer-step", "fused"])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert "--optimizer-step: 'fused' is not one of per-tensor, flat" in lines[1]
+    assert "--optimizer-step: 'fused' is not one of auto, per-tensor, flat" in lines[1]
     toml = tmp_path / "run.toml"
     toml.write_text('optimizer-step = "fused"\n')
-    with pytest.raises(ConfigError, match="optimizer-step must be one of per-tensor, flat"):
+    with pytest.raises(ConfigError, match="optimizer-step must be one of auto, per-tensor, flat"):
         load_file(toml)
-    with pytest.raises(ConfigError, match="must be per-tensor or flat, got 'fused'"):
+    with pytest.raises(ConfigError, match="must be auto, per-tensor or flat, got 'fused'"):
         TrainConfig(synthetic=True, optimizer_step="fused").validate()
     with pytest.raises(ConfigError, match="leave it out with --shard-optimizer") as e:
         TrainConfig(synthetic=True, optimizer_step="flat", shard_optimizer=True).validate()
     assert "\n" not in str(e.value)
+    # auto under --shard-optimizer is the sharded step's own (per tensor), not a refusal
+    TrainConfig(synthetic=True, shard_optimizer=True).validate()
+
+
+def test_auto_is_flat_on_a_gpu_and_per_tensor_on_the_cpu():
+    model = GPT(ModelConfig.from_sizes(depth=1, width=32, heads=1, vocab=64, seq_len=8))
+    cfg = TrainConfig(synthetic=True)
+    opt = make_optimizer(cfg)
+    opt.init(model.trainable_parameters())
+    stepper = Stepper(model, opt, precision="fp32", pad_id=-1, grad_clip=1.0)
+    on_gpu = mx.default_device() == mx.gpu
+    assert (stepper.packing is not None) == on_gpu  # auto: where it measured faster
