@@ -25,6 +25,7 @@ def synthetic_stepper(
     loss_chunk: int = 0,
     loss_head: str = "auto",
     grad_checkpoint: bool = False,
+    optimizer_step: str = "per-tensor",
 ) -> tuple[GPT, Optimizer, Stepper]:
     """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
     --synthetic` builds them (the benchmarks and profiles time these)."""
@@ -55,6 +56,7 @@ def synthetic_stepper(
         loss_chunk=loss_chunk,
         loss_head=loss_head,
         grad_checkpoint=grad_checkpoint,
+        optimizer_step=optimizer_step,
     )
     return model, optimizer, stepper
 

@@ -19,7 +19,7 @@ OUT/gpu-speed.json is rewritten after each, so a cut run keeps what it measured)
            after ours in each. Median update -> tokens/s; the last update's peak.
   profile  pieces compiled and timed alone (median of --reps): QK-norm + rotary with each
            path, SDPA on heads-first and token-major inputs, the attention module and a block
-           with each path, the head whole and chunked, the optimizer step.
+           with each path, the head whole and chunked, the optimizer step per tensor and flat.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def variants(chunk: int) -> list[Variant]:
             needs_kernel=True,
         ),
         head_variant(chunk),
+        *flat_variant(),
     ]
 
 
@@ -87,6 +88,17 @@ def head_variant(chunk: int) -> Variant:
             "head-plain", "4: the head as it was (plain)", stepper={"loss_head": "plain"}
         )
     return Variant(f"head-chunk-{chunk}", "4: the head in chunks", stepper={"loss_chunk": chunk})
+
+
+def flat_variant() -> list[Variant]:
+    """Lever 2: one flat optimizer step (--optimizer-step flat), where the Stepper has it."""
+    import inspect
+
+    from trainer.step import Stepper
+
+    if "optimizer_step" not in inspect.signature(Stepper).parameters:
+        return []
+    return [Variant("opt-flat", "2: one flat optimizer step", stepper={"optimizer_step": "flat"})]
 
 
 class Clock:
@@ -313,7 +325,9 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
     import mlx.core as mx
 
     from bench.update import synthetic_stepper
+    from trainer.config import TrainConfig
     from trainer.data.dataset import SyntheticStream
+    from trainer.optim import make_optimizer
     from trainer.step import Stepper
 
     model, opt, _ = synthetic_stepper(
@@ -329,7 +343,11 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
     steppers: dict[str, Stepper] = {}
     figures = result.setdefault("variants", {})
     for v in chosen:
-        s = Stepper(model, opt, precision=a.precision, pad_id=-1, grad_clip=1.0, **v.stepper)
+        o = opt
+        if v.stepper.get("optimizer_step") == "flat":  # it packs its optimizer's state: its own
+            o = make_optimizer(TrainConfig(synthetic=True))
+            o.init(model.trainable_parameters())
+        s = Stepper(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **v.stepper)
         s.twin.set_attention(v.attention, v.packed)
         steppers[v.name] = s
         figures[v.name] = {**asdict(v), "rounds": []}
@@ -556,11 +574,16 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
         piece("head.whole", lambda: head(chunk=0))
         piece(f"head.chunk-{a.loss_chunk}", lambda: head(chunk=a.loss_chunk))
 
-    grads = tree_map(lambda p: mx.full(p.shape, 1e-3, dtype=mx.float32), model.parameters())
+    # Random, not mx.full: a constant is stored as one broadcast element, and AdamW's moments
+    # made from it stay one element too, so the per-tensor step would skip their passes.
+    key = mx.random.key(1)
+    grads = tree_map(
+        lambda p: 1e-3 * mx.random.normal(p.shape, dtype=mx.float32, key=key), model.parameters()
+    )
     ntok = mx.array(float(B * T))
     mx.eval(grads)
 
-    def step():
+    def step(stepper=stepper, model=model, opt=opt):
         def go():
             norm = stepper.apply(grads, ntok, 1e-4)
             mx.eval(model.parameters(), opt.state, norm)
@@ -568,6 +591,12 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
         return go
 
     piece("optimizer.per-tensor", step)
+    if flat_variant():  # lever 2, on a model and optimizer of its own (it packs their state)
+        flat = synthetic_stepper(
+            depth=cfg["depth"], width=C, heads=H, vocab=V, seq_len=T, precision=a.precision,
+            optimizer_step="flat",
+        )  # fmt: skip
+        piece("optimizer.flat", lambda: step(flat[2], flat[0], flat[1]))
 
 
 # --- the report -------------------------------------------------------------------------------

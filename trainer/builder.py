@@ -150,6 +150,7 @@ def open_run(
         loss_head=cfg.loss_head,
         attention=cfg.attention,
         grad_checkpoint=cfg.grad_checkpoint,
+        optimizer_step=cfg.optimizer_step,
         shard=shard,
         templates=templates,
         tensor_group=layout.tensor_group,

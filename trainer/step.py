@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten, tree_map
 from trainer import memory
 from trainer.checkpoint import store
 from trainer.distributed import Cluster
+from trainer.flat import Packing
 from trainer.model import kernels, tensor
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
@@ -137,6 +138,7 @@ class Stepper:
         attention: str = "auto",
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
+        optimizer_step: str = "auto",
         shard: Shard | None = None,
         templates: tuple[Tree, Tree] | None = None,
         tensor_group: mx.distributed.Group | None = None,
@@ -146,6 +148,18 @@ class Stepper:
         # the full parameter and optimizer-state trees' shapes (lazy, never evaluated), for
         # gathering a checkpoint.
         self.shard, self.templates = shard, templates
+        # --optimizer-step flat (unsharded only: the sharded step keeps its rows per tensor):
+        # AdamW's tensors packed into a few buffers per dtype, its moments packed from here on
+        # (trainer/flat.py). Before the compiled step captures the optimizer state.
+        self.packing = None
+        if optimizer_step == "auto":  # flat where it wins (a GPU), never sharded
+            gpu = mx.default_device() == mx.gpu
+            optimizer_step = "flat" if gpu and shard is None else "per-tensor"
+        if optimizer_step == "flat":
+            if shard is not None:
+                raise ValueError("the flat optimizer step is for an unsharded optimizer")
+            self.packing = Packing(model.trainable_parameters(), optimizer)
+            self.packing.pack_state(optimizer)
         self.pad_id, self.grad_clip = pad_id, grad_clip
         self.limit = memory.Limit("none", None)  # --memory-limit-gb: the builder's
         self.loss_chunk = loss_chunk  # rows per chunk of the fused head (0: by vocabulary)
@@ -298,6 +312,8 @@ class Stepper:
         sharded, every rank takes part in gathering the masters and the state (a collective),
         one tensor at a time."""
         if self.shard is None:
+            if self.packing is not None:  # checkpoints keep the per-tensor format
+                return self.model.parameters(), self.packing.unpacked_state(self.optimizer)
             return self.model.parameters(), self.optimizer.state
         group, world = (cluster.group, cluster.size) if cluster else (None, 1)
         root = cluster is None or cluster.is_root
@@ -370,14 +386,20 @@ class Stepper:
         # One pass reads the sums for the norm; the division by the token count and the clip
         # fold into a single scale that compile fuses into AdamW's elementwise update, so the
         # mean gradient is never written out on its own (a full pass over the weights saved).
+        params = self.model.trainable_parameters()
+        if self.packing is not None:  # a few buffers: a few norms and AdamW kernels
+            grad_sum, params = self.packing.pack(grad_sum), self.packing.pack(params)
         norm = global_norm(grad_sum, self.tensor_group) / ntok
         scale = 1.0 / ntok
         if self.grad_clip > 0:
             scale = scale * mx.minimum(1.0, self.grad_clip / (norm + 1e-6))
-        params = self.model.trainable_parameters()
         if self.shard is None:
             grads = tree_map(lambda g, p: (g * scale).astype(p.dtype), grad_sum, params)
-            self.optimizer.update(self.model, grads)
+            if self.packing is None:
+                self.optimizer.update(self.model, grads)
+            else:
+                new = self.optimizer.apply_gradients(grads, params)
+                self.model.update(self.packing.unpack(new))
             return norm
         # Sharded: the same arithmetic on this rank's rows (the norm is the whole gradient's:
         # every rank holds the same sums); the new rows go to every rank in apply().

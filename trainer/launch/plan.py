@@ -249,6 +249,10 @@ def plan_launch(args: argparse.Namespace) -> Plan:
     if backend == "mpi":
         check_mpirun(world)
     cfg = check_train_args(command[1:], world) if command[0] == "train" else None
+    if backend is None and cfg is not None and cfg.device == "cpu":
+        # CPU ranks talk over TCP: left to choose, mlx.launch would take NCCL on a CUDA
+        # machine and pin each rank to a GPU of its own (ranks beyond the GPUs: none at all).
+        backend = "ring"
     splits = cfg is not None and backend in ("ring", "jaccl")
     if splits and (why := cfg.needs_split_groups(world, backend)) is not None:
         raise LaunchError(why)

@@ -13,10 +13,18 @@ from trainer.launch.launcher import add_arguments
 from trainer.launch.plan import LaunchError, plan_launch
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def parse(*argv: str, train: tuple[str, ...] = ()) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return parser.parse_args([*argv, "-n", "2", "--", "train", "--synthetic"])
+    return parser.parse_args([*argv, "-n", "2", "--", "train", "--synthetic", *train])
+
+
+def test_cpu_ranks_get_the_ring_backend_unless_one_is_named(tmp_path):
+    # mlx.launch's own choice on a CUDA machine is NCCL, one GPU a rank: no GPU for a CPU run
+    run = ("--run-dir", str(tmp_path / "r"))
+    assert plan_launch(parse(train=("--device", "cpu", *run))).backend == "ring"
+    assert plan_launch(parse("--backend", "any", train=("--device", "cpu", *run))).backend == "any"
+    assert plan_launch(parse(train=run)).backend is None  # mlx.launch's default
 
 
 @pytest.mark.parametrize(
