@@ -83,7 +83,7 @@ def equality(data: Path, tmp: Path, updates: int) -> dict:
 
 
 def started(run: Path) -> dict[int, dict]:
-    return {e["rank"]: e["data"] for e in read_events(run) if e["kind"] == "started"}
+    return {e.rank: e.data for e in read_events(run) if e.kind == "started"}
 
 
 def peaks(run: Path, field: str = "peak_mem") -> dict[int, int]:
@@ -146,6 +146,35 @@ def cost(data: Path, tmp: Path, pairs: int, updates: int) -> dict:
     }
 
 
+# Links between two Macs, for the model below. Bandwidth of RDMA over Thunderbolt 5: the
+# ~7.6 GB/s per rank that PyTorch's TCCL pull request (#189856) measured for fp32 all-reduce;
+# its small-message latency is ~56x below TCP's, which we take as 10 us against ~0.5 ms.
+# TCP over Thunderbolt IP or 10 GbE (the ring backend): assumptions, not measurements.
+LINKS = {
+    "thunderbolt5-rdma (jaccl)": {"latency_s": 10e-6, "bytes_per_s": 7.6e9},
+    "thunderbolt-ip (ring)": {"latency_s": 500e-6, "bytes_per_s": 2.5e9},
+    "10 GbE (ring)": {"latency_s": 500e-6, "bytes_per_s": 1.1e9},
+}
+
+
+def link_model(depth: int, width: int, rows: int, seq: int, n: int, dtype_bytes: int) -> dict:
+    """The per-block collectives of one microstep over each of LINKS: in the forward pass an
+    all_sum of the activations after attention and after the MLP of every block, and one after
+    the embedding; in the backward pass one for the input gradient of q, k, v together and one
+    for the MLP's, per block, and one for the head's input; three of one float per token for
+    the vocabulary-parallel loss. A ring all-reduce moves 2 (n-1)/n of a message per rank."""
+    big = (4 * depth + 2, rows * seq * width * dtype_bytes)
+    small = (3, rows * seq * 4)
+    out = {"collectives": big[0] + small[0], "bytes_each": big[1]}
+    for name, link in LINKS.items():
+        t = sum(
+            count * (link["latency_s"] + size * 2 * (n - 1) / n / link["bytes_per_s"])
+            for count, size in (big, small)
+        )
+        out[name] = t
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=10, help="updates for the equality check")
@@ -168,6 +197,12 @@ def main() -> int:
             )
         if args.only in (None, "cost"):
             out["cost"] = cost(data, tmp, args.pairs, 12)
+        # The same microstep between two Macs, at the cost run's size and at issue 12's
+        # (depth 12, width 768, 4 rows of 1024 tokens, bf16): seconds of collectives.
+        out["link_model"] = {
+            "cost_run": link_model(4, 128, 4, 64, 2, 4),
+            "depth12_width768_4x1024_bf16": link_model(12, 768, 4, 1024, 2, 2),
+        }
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:
