@@ -78,7 +78,8 @@ def measure(args: argparse.Namespace) -> dict:
     update, model = make_update(args)
     memory = None
     if args.breakdown:  # probes, then one update that counts as a warmup
-        memory = breakdown(update, args.precision, args.seq_len, args.loss_chunk)
+        with tight():  # each phase's live set: what it needs, not what runs ahead of it
+            memory = breakdown(update, args.precision, args.seq_len, args.loss_chunk)
     # Auto measures the live set at the first whole update, as train's: not the breakdown's,
     # which resets the peak between its phases (its last phase alone would set the limit).
     update.stepper.limit = limit

@@ -25,7 +25,7 @@ def synthetic_stepper(
     loss_chunk: int = 0,
     loss_head: str = "auto",
     grad_checkpoint: bool = False,
-    optimizer_step: str = "per-tensor",
+    optimizer_step: str = "auto",  # as fleet train's default
 ) -> tuple[GPT, Optimizer, Stepper]:
     """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
     --synthetic` builds them (the benchmarks and profiles time these)."""

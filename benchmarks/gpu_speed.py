@@ -98,7 +98,17 @@ def flat_variant() -> list[Variant]:
 
     if "optimizer_step" not in inspect.signature(Stepper).parameters:
         return []
-    return [Variant("opt-flat", "2: one flat optimizer step", stepper={"optimizer_step": "flat"})]
+    return [
+        Variant("opt-flat", "2: one flat optimizer step", stepper={"optimizer_step": "flat"}),
+        Variant(
+            "defaults",
+            "the defaults on CUDA: 1 + 3 + q, k, v from one matmul, and 2",
+            attention="fused",
+            packed=True,
+            stepper={"optimizer_step": "flat"},
+            needs_kernel=True,
+        ),
+    ]
 
 
 class Clock:
@@ -347,7 +357,10 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
         if v.stepper.get("optimizer_step") == "flat":  # it packs its optimizer's state: its own
             o = make_optimizer(TrainConfig(synthetic=True))
             o.init(model.trainable_parameters())
-        s = Stepper(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **v.stepper)
+        # Issue 12's update unless the variant says otherwise: the per-tensor step (the
+        # Stepper's auto would pack the shared optimizer's state on a GPU).
+        kw = {"optimizer_step": "per-tensor", **v.stepper}
+        s = Stepper(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **kw)
         s.twin.set_attention(v.attention, v.packed)
         steppers[v.name] = s
         figures[v.name] = {**asdict(v), "rounds": []}
