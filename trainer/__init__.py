@@ -1,4 +1,6 @@
-"""The MLX trainer (data parallel, and tensor parallel with --parallel tensor). The loop and its nouns sit here, where a reader looks first:
+"""The MLX trainer: data parallel, or tensor parallel with --parallel tensor.
+
+The loop and its nouns sit here, where a reader looks first:
 `train.py` (the loop, top to bottom), `config.py`, `run.py`, `step.py`, `controller.py`,
 `commands.py`, `autopilot.py` and `costs.py`, `alerts.py`, `distributed.py`, `optim.py`,
 `memory.py` (limits, budget, live set), `shard.py` (the optimizer sharded in unequal shares),
