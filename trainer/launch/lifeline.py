@@ -41,6 +41,7 @@ SIGNAL_ENV = "FLEET_TETHER_SIGNAL"  # mlx.launch's: "1" when its ranks read none
 PREFIX = b"fleet:"
 ALIVE, STOP, LOST = b"fleet:alive", b"fleet:stop", b"fleet:lost"
 PERIOD_S = 1.0  # fleet launch says "alive" this often
+CALM_S = 0.05  # mlx.launch's loop for each rank waits this long when it has nothing to do
 TIMEOUT_S = 15.0  # a rank that hears nothing for this long stops (fleet launch --lifeline-timeout)
 
 # What a rank's stop request carries through the control all-reduce (an FP32, exact): a
@@ -133,13 +134,33 @@ def tether() -> None:
     with contextlib.suppress(Exception):  # mlx.launch's internals: best effort
         # (imported by name: this runs inside mlx.launch, which imports mlx anyway; fleet
         # launch itself never does)
-        _unecho(importlib.import_module("mlx._distributed_utils.launch").RemoteProcess)
+        launch = importlib.import_module("mlx._distributed_utils.launch")
+        _unecho(launch.RemoteProcess)
+        _calm(launch)
     threading.Thread(
         target=_relay,
         args=(upstream, write_end, grace, signal_ranks),
         name="fleet-tether",
         daemon=True,
     ).start()
+
+
+def _calm(launch) -> None:
+    """mlx.launch's thread for each rank selects on the rank's output and, for writing, on its
+    standard input, which is always writable: the loop never sleeps, and the launcher takes a
+    core of the machine that also trains (benchmarks/RESULTS.md, issue 19). Wait on the output
+    alone, up to CALM_S, then ask whether the input takes bytes: what fleet launch sends (a
+    line a second) reaches the ranks within CALM_S, and their output as soon as it comes."""
+    real = launch.select
+
+    def select(rlist, wlist, xlist, timeout=None):
+        if not wlist:
+            return real(rlist, wlist, xlist, timeout)
+        wait = CALM_S if timeout is None else min(timeout, CALM_S)
+        ready, _, errors = real(rlist, [], xlist, wait)
+        return ready, real([], wlist, [], 0)[1], errors
+
+    launch.select = select
 
 
 def _unecho(remote: type) -> None:

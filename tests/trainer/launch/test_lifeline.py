@@ -94,3 +94,28 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_launchers_loop_sleeps_while_a_rank_s_input_is_always_writable():
+    # mlx.launch selects on each rank's stdin for writing: a pipe always is, so its loop spun
+    import select
+    import types
+
+    launch = types.SimpleNamespace(select=select.select)
+    lifeline._calm(launch)
+    out_r, out_w = os.pipe()  # the rank's output: nothing yet
+    in_r, in_w = os.pipe()  # the rank's input: always writable
+    try:
+        t0 = time.monotonic()
+        ready, writable, _ = launch.select([out_r], [in_w], [], 1.0)
+        assert (ready, writable) == ([], [in_w])
+        assert time.monotonic() - t0 >= 0.8 * lifeline.CALM_S  # it waited
+        os.write(out_w, b"loss 3.2\n")
+        t0 = time.monotonic()
+        ready, writable, _ = launch.select([out_r], [in_w], [], 1.0)
+        assert (ready, writable) == ([out_r], [in_w])
+        assert time.monotonic() - t0 < lifeline.CALM_S  # output wakes it at once
+        assert launch.select([out_r], [], [], 0)[0] == [out_r]  # no input: the call as it was
+    finally:
+        for fd in (out_r, out_w, in_r, in_w):
+            os.close(fd)
