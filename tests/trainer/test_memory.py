@@ -7,6 +7,7 @@ import re
 from types import SimpleNamespace
 
 import mlx.core as mx
+import psutil
 import pytest
 
 from bench.update import synthetic_stepper
@@ -112,6 +113,8 @@ def test_by_default_the_peak_is_the_live_set():
     their inputs until they run): the peak holds dead buffers. auto's limit takes them out."""
     stepper, update = _stepper()
     stepper.limit = memory.Limit("none", None)
+    # No limit to speak of: an in-process run before this test left its own (auto) in MLX.
+    mx.set_memory_limit(psutil.virtual_memory().total)
     unlimited = max(update(i) for i in range(3))
     stepper.limit = limit = memory.Limit("auto", budget=8 * GiB)
     limit.apply()
