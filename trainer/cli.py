@@ -94,9 +94,9 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         given = explicit(args)
         run_dir = given.get("run_dir") or FIELDS["run_dir"].default
-        # One writer per run folder per host, before anything in it is read or moved.
-        lock.hold(run_dir, cluster.rank, cluster.size, cluster.all_sum_floats)
         try:
+            # One writer per run folder per host, before anything in it is read or moved.
+            lock.hold(run_dir, cluster.rank, cluster.size, cluster.all_sum_floats)
             resume_path, base = None, None
             which = given.get("resume", "")
             if which:
