@@ -220,10 +220,8 @@ class Run:
             # One logical checkpoint: replica 0's group gathers the whole model for rank 0
             # (a collective, tensor by tensor; the other ranks drop each one as it comes).
             keep, group = self.cluster.is_root, layout.tensor_group
-            trees = tuple(
-                tensor.gather_tree(t, group, keep=keep)
-                for t in (self.model.parameters(), self.optimizer.state)
-            )
+            local = self.stepper.checkpoint_trees(None)  # this rank's slices, per tensor
+            trees = tuple(tensor.gather_tree(t, group, keep=keep) for t in local)
         else:
             trees = None  # another replica's slices: replica 0's group holds the same
         path = None
