@@ -167,3 +167,27 @@ __all__ = [
     "read",
     "record",
 ]
+
+
+def free_loopback_base(count: int) -> int:
+    """A port with `count` consecutive free loopback ports from it (for ranks started here:
+    their ring ports, or their telemetry when the default base would not do)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        held = []
+        try:
+            for p in range(base, base + count):
+                t = socket.socket()
+                held.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in held:
+                t.close()
+    raise OSError("no free range of loopback ports")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,26 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 
 def free_port(count: int = 1) -> int:
-    """A base port with `count` consecutive free loopback ports after it."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            held = []
-            for p in range(base, base + count):
-                t = socket.socket()
-                held.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in held:
-                t.close()
-    raise RuntimeError("no free port range")
+    """A loopback port with `count` consecutive free ports from it."""
+    from telemetry.ports import free_loopback_base
+
+    return free_loopback_base(count)
 
 
 def fleet_env(**extra: str) -> dict[str, str]:

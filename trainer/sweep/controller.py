@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry import ports
 from telemetry.files import atomic_write
 from trainer.sweep import champion, layout, metric, plan, pruning
 from trainer.sweep.spec import Spec, SpecError, load
-from trainer.sweep.trial import TrialProcess, end_orphan, free_base, resume_point
+from trainer.sweep.trial import TrialProcess, end_orphan, resume_point
 
 POLL_S = 1.0
 
@@ -312,11 +313,13 @@ class Controller:
         if point is not None:
             train += ["--resume", str(point)]
         if "telemetry_port_base" not in s.train and not s.fleet.hostfile:
-            train += ["--telemetry-port-base", str(free_base(s.fleet.ranks))]
+            train += ["--telemetry-port-base", str(ports.free_loopback_base(s.fleet.ranks))]
         hostfile = str(self.dir.part(index)) if s.fleet.hostfile and s.fleet.concurrent > 1 else (
             s.fleet.hostfile
         )  # fmt: skip
-        port = s.fleet.starting_port or (free_base(s.fleet.ranks + 1) if not hostfile else 32323)
+        port = s.fleet.starting_port or (
+            ports.free_loopback_base(s.fleet.ranks + 1) if not hostfile else 32323
+        )
         argv = self.argv_for(s, train, hostfile, port)
         env = dict(self.env)
         if not hostfile and "OPENBLAS_NUM_THREADS" not in env:

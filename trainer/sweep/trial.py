@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -131,26 +130,3 @@ def resume_point(run_dir: Path, final_step: int, evaluated: set[int]) -> Path | 
             continue
         return path
     return None
-
-
-def free_base(count: int) -> int:
-    """A port with `count` consecutive free loopback ports from it."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        held = []
-        try:
-            for p in range(base, base + count):
-                t = socket.socket()
-                held.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in held:
-                t.close()
-    raise OSError("no free range of loopback ports")
