@@ -62,10 +62,12 @@ def run_worker(argv: list[str]) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     """Build the model and optimizer, run warmup + measured updates, report the figures
     (in the worker process: `fleet bench _worker` prints them as JSON)."""
+    from trainer import run_ahead
     from trainer.cuda_graphs import VARIABLE
     from trainer.cuda_graphs import apply as apply_cuda_graphs
 
     graphs = apply_cuda_graphs(args.cuda_graphs)  # before MLX launches its first kernel
+    ahead = run_ahead.apply()  # likewise
     import mlx.core as mx
     import numpy as np
 
@@ -116,6 +118,7 @@ def measure(args: argparse.Namespace) -> dict:
         "local_batch": args.local_batch,
         "accum": args.accum,
         "cuda_graphs": {"setting": args.cuda_graphs, "note": graphs, VARIABLE: _env(VARIABLE)},
+        "run_ahead": {"note": ahead, run_ahead.VARIABLE: _env(run_ahead.VARIABLE)},
         "params": model.num_params(),
         "tokens_per_update": tokens,
         "peak_bytes": peak,

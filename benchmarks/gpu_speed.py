@@ -50,6 +50,7 @@ class Variant:
     packed: bool = False  # q, k, v from one matmul (Attention.packed)
     stepper: dict = field(default_factory=dict)  # Stepper keywords (the head's)
     needs_kernel: bool = False
+    repack: bool = False  # the flat step as it was: RepackingStepper
 
 
 def variants(chunk: int) -> list[Variant]:
@@ -91,24 +92,49 @@ def head_variant(chunk: int) -> Variant:
 
 
 def flat_variant() -> list[Variant]:
-    """Lever 2: one flat optimizer step (--optimizer-step flat), where the Stepper has it."""
+    """Lever 2: one flat optimizer step (--optimizer-step flat), where the Stepper has it;
+    the defaults with it as it first was (repacking) and with the head's chunks larger."""
     import inspect
 
     from trainer.step import Stepper
 
     if "optimizer_step" not in inspect.signature(Stepper).parameters:
         return []
+    defaults = dict(attention="fused", packed=True, needs_kernel=True)
+    flat = {"optimizer_step": "flat"}
     return [
-        Variant("opt-flat", "2: one flat optimizer step", stepper={"optimizer_step": "flat"}),
-        Variant(
-            "defaults",
-            "the defaults on CUDA: 1 + 3 + q, k, v from one matmul, and 2",
-            attention="fused",
-            packed=True,
-            stepper={"optimizer_step": "flat"},
-            needs_kernel=True,
-        ),
-    ]
+        Variant("opt-flat", "2: one flat optimizer step", stepper=flat),
+        Variant("defaults", "the defaults on CUDA: 1 + 3 + q, k, v from one matmul, and 2",
+                stepper=flat, **defaults),
+        Variant("defaults-repack", "the defaults, the flat step packing every update (as it was)",
+                stepper=flat, repack=True, **defaults),
+        Variant("defaults-chunk-4096", "the defaults, the head in chunks of 4096 rows",
+                stepper={**flat, "loss_chunk": 4096}, **defaults),
+        Variant("defaults-chunk-8192", "the defaults, the head in chunks of 8192 rows",
+                stepper={**flat, "loss_chunk": 8192}, **defaults),
+    ]  # fmt: skip
+
+
+def repacking_stepper():
+    """The Stepper with the flat step as it first landed (issue 23, 2026-12-02): the gradients
+    packed in the optimizer phase and the weights packed again every update."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    from trainer.flat import KEY
+    from trainer.step import Stepper
+
+    class RepackingStepper(Stepper):
+        def _params(self):
+            return self.model.trainable_parameters()
+
+        def _accumulators(self, grads):
+            return tree_map(lambda g: g.astype(mx.float32), grads)
+
+        def _keep_packed(self) -> None:
+            self.flat[KEY] = self.packing.buffers(self.model.trainable_parameters())
+
+    return RepackingStepper
 
 
 class Clock:
@@ -360,7 +386,8 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
         # Issue 12's update unless the variant says otherwise: the per-tensor step (the
         # Stepper's auto would pack the shared optimizer's state on a GPU).
         kw = {"optimizer_step": "per-tensor", **v.stepper}
-        s = Stepper(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **kw)
+        cls = repacking_stepper() if v.repack else Stepper
+        s = cls(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **kw)
         s.twin.set_attention(v.attention, v.packed)
         steppers[v.name] = s
         figures[v.name] = {**asdict(v), "rounds": []}
@@ -722,9 +749,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "check":
         check_main(a)
         return 0
-    from trainer import cuda_graphs
+    from trainer import cuda_graphs, run_ahead
 
     graphs = cuda_graphs.apply("auto")  # as the trainer: before MLX's first kernel
+    ahead = run_ahead.apply()
     import mlx.core as mx
 
     from trainer.model import kernels
@@ -742,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_backend": kernels.gpu_backend(),
         "mlx": mx.__version__,
         "cuda_graphs": graphs,
+        "run_ahead": ahead,
         "errors": [],
     }
 

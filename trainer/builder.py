@@ -21,7 +21,7 @@ from telemetry.files import atomic_write
 from telemetry.hub import Hub, ServerOptions
 from telemetry.records import PROTOCOL_VERSION, Hello, run_id_of
 from telemetry.reporter import Reporter
-from trainer import cuda_graphs, heartbeat, memory
+from trainer import cuda_graphs, heartbeat, memory, run_ahead
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
 from trainer.checkpoint import catalog, store
@@ -71,6 +71,7 @@ def open_run(
 
     # --- device, memory limits, data, model and its layout over the ranks
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
+    ahead = run_ahead.apply()  # likewise
     if cfg.device != "auto":
         mx.set_default_device(mx.cpu if cfg.device == "cpu" else mx.gpu)
     limit = memory.Limit.from_setting(cfg.memory_limit(world, rank), ranks_here(cluster))
@@ -79,7 +80,7 @@ def open_run(
         cfg.per_rank("cache_limit_gb", world, rank), cfg.per_rank("wired_limit_gb", world, rank)
     )
     if mx.cuda.is_available():
-        applied.append(graphs)
+        applied += [graphs, ahead]
     data = open_data(cfg)
     model = build_model(cfg, data)  # the whole model, on every rank alike
     try:

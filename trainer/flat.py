@@ -10,9 +10,14 @@ the tensors the last optimizer of a MultiOptimizer (MuonAdamW's AdamW) steps are
 
 The moments stay packed between updates; checkpoints keep today's per-tensor format
 (`unpacked_state` on the way out, `pack_state` on the way in), so a checkpoint moves between
-the two steps either way. Costs per update: the gradients and the weights are copied into
-their buffers (two passes over them, and that much more memory during the step); the new
-weights are views of the stepped buffer (no copy back).
+the two steps either way. The weights stay packed too (`Stepper` keeps the stepped buffers;
+the model's tensors are views of them, no copy back) and are packed again only when something
+else gave the model its weights (a checkpoint, a rebalance's broadcast). The microsteps
+differentiate the packed weights: a cast a buffer (mixed) instead of one a tensor, and the
+gradients come out packed (the backward pass of the unpacking concatenates them, while the
+GPU is busy with the backward pass). So the optimizer phase, where the GPU waits for every
+kernel the CPU sends, is a handful of kernels: on an H200 its ~150 copies had cost more in
+sending than in running (benchmarks/RESULTS.md, issue 23).
 """
 
 from __future__ import annotations
@@ -88,6 +93,30 @@ def _dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]  # mlx.core.float32 -> float32
 
 
+class Slots:
+    """Where named tensors sit in a module tree, to read them without walking it: a few
+    hundred lookups, where `Module.trainable_parameters()` walks every submodule (about a
+    millisecond of Python a call at 135M parameters, while the GPU waits for the next kernel).
+    `Module.update` replaces a tensor in its place, so a read sees weights given from outside."""
+
+    def __init__(self, module: dict, names: list[str]) -> None:
+        self.places: list[tuple] = []
+        for name in names:
+            *path, key = name.split(".")
+            node = module
+            for part in path:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            self.places.append((node, int(key) if isinstance(node, list) else key))
+
+    def read(self) -> list[mx.array]:
+        return [node[key] for node, key in self.places]
+
+
+def is_packed(tree: Tree) -> bool:
+    """Whether `tree` is a packed tree (its packed tensors in buffers under KEY)."""
+    return isinstance(tree, dict) and isinstance(tree.get(KEY), dict)
+
+
 def last_optimizer(optimizer: optim.Optimizer) -> optim.Optimizer:
     """The optimizer the packed tensors go to: the fallback of a MultiOptimizer, or itself."""
     if isinstance(optimizer, optim.MultiOptimizer):
@@ -124,14 +153,33 @@ class Packing:
     # --- parameters and gradients
     def pack(self, tree: Tree) -> Tree:
         """`tree` (shaped like the parameters) with the packed tensors as one 1-D buffer per
-        group, concatenated (a copy: one pass over them)."""
+        group, concatenated (a copy: one pass over them); a tree already packed, as it is."""
+        if is_packed(tree):
+            return tree
         items = dict(tree_flatten(tree))
         out = [(n, items[n]) for n in self.kept]
         out += [(g.path, g.pack(items)) for g in self.groups]
         return tree_unflatten(out)
 
+    def buffers(self, tree: Tree) -> Tree:
+        """The packed part of `pack(tree)` alone: {dtype: [buffers]}."""
+        return self.pack(tree)[KEY]
+
+    def join(self, kept: list[mx.array], buffers: Tree) -> Tree:
+        """A packed tree from the kept tensors (in `kept`'s order) and `buffers` (a
+        `buffers()` of the same shapes)."""
+        return tree_unflatten([*zip(self.kept, kept, strict=True), (KEY, buffers)])
+
+    @property
+    def names(self) -> list[str]:
+        """The packed tensors' names, in the buffers' order."""
+        return [n for g in self.groups for n in g.names]
+
     def unpack(self, tree: Tree) -> Tree:
-        """A packed tree back in the parameters' shape (views of the buffers: no copy)."""
+        """A packed tree back in the parameters' shape (views of the buffers: no copy); a tree
+        not packed, as it is."""
+        if not is_packed(tree):
+            return tree
         items = dict(tree_flatten(tree))
         out = [(n, items[n]) for n in self.kept]
         for g in self.groups:

@@ -15,7 +15,8 @@ from mlx.utils import tree_flatten, tree_map
 from trainer import memory
 from trainer.checkpoint import store
 from trainer.distributed import Cluster
-from trainer.flat import Packing
+from trainer.flat import KEY as FLAT
+from trainer.flat import Packing, Slots
 from trainer.model import kernels, tensor
 from trainer.model.gpt import GPT, MLP, Block
 from trainer.model.loss import head_loss
@@ -152,6 +153,11 @@ class Stepper:
         # AdamW's tensors packed into a few buffers per dtype, its moments packed from here on
         # (trainer/flat.py). Before the compiled step captures the optimizer state.
         self.packing = None
+        # The flat step's weights, packed, between updates: {"flat": {dtype: [buffers]}}, a
+        # compiled step's input and output. `_views` are the model's tensors whose values they
+        # hold (after a step, views of them); packed anew when the model's are no longer those.
+        self.flat: Tree = {}
+        self._views: list[mx.array] | None = None
         if optimizer_step == "auto":  # flat where it wins (a GPU), never sharded
             gpu = mx.default_device() == mx.gpu
             optimizer_step = "flat" if gpu and shard is None else "per-tensor"
@@ -160,6 +166,8 @@ class Stepper:
                 raise ValueError("the flat optimizer step is for an unsharded optimizer")
             self.packing = Packing(model.trainable_parameters(), optimizer)
             self.packing.pack_state(optimizer)
+            self._packed = Slots(model, self.packing.names)
+            self._kept = Slots(model, self.packing.kept)
         self.pad_id, self.grad_clip = pad_id, grad_clip
         self.limit = memory.Limit("none", None)  # --memory-limit-gb: the builder's
         self.loss_chunk = loss_chunk  # rows per chunk of the fused head (0: by vocabulary)
@@ -193,7 +201,7 @@ class Stepper:
         self._unrolled = mx.compile(self._unrolled_impl)
         self._eval = mx.compile(partial(self._loss_sums, grad=False))
         if shard is None:
-            state = [model.state, optimizer.state]
+            state = [model.state, optimizer.state, self.flat]
             self._apply = partial(mx.compile, inputs=state, outputs=state)(self._apply_impl)
         else:  # the weights are read (the rows this rank steps), the masters written
             state = [shard.master, optimizer.state]
@@ -226,21 +234,30 @@ class Stepper:
             acc = loss_sum = ntok = None  # the first microstep writes the accumulators
             for batch in batches:
                 samples += batch.shape[0]
-                acc, loss_sum, ntok = self.microstep(acc, loss_sum, ntok, batch)
-                mx.eval(acc, loss_sum, ntok)  # a sync point: frees this microbatch's graph
+                # Built (a compiled graph's replay: milliseconds on the CPU) while the previous
+                # microstep runs, started once it has finished: one microbatch's graph at a time.
+                nxt = self.microstep(acc, loss_sum, ntok, batch)
+                if acc is not None:
+                    mx.eval(acc, loss_sum, ntok)  # a sync point: frees its microbatch's graph
+                mx.async_eval(nxt)
+                acc, loss_sum, ntok = nxt
             if acc is None:  # no microbatch: nothing to add (every rank still steps)
-                acc = zeros_f32(self.model.trainable_parameters())
+                acc = self._accumulators(zeros_f32(self.model.trainable_parameters()))
                 loss_sum, ntok = mx.array(0.0), mx.array(0.0)
         else:
             batches = list(batches)
             samples = sum(b.shape[0] for b in batches)
             acc, loss_sum, ntok = self.unrolled(batches)
-            mx.eval(acc, loss_sum, ntok)
         seen["samples"] = samples
+        sums = mx.stack([loss_sum, ntok])
+        # Alone (one rank, unsharded), the optimizer step's graph is built while the GPU
+        # computes, not while it waits: its sums need no all-reduce.
+        alone = (cluster is None or cluster.size == 1) and self.shard is None
+        grad_norm = self.apply(acc, sums[1], lr) if alone else None
+        mx.eval(acc, loss_sum, ntok)
         compute_s = time.perf_counter() - t_start
 
         wait_s = transfer_s = 0.0
-        sums = mx.stack([loss_sum, ntok])
         if cluster is not None and cluster.size > 1:
             stage("barrier")
             wait_s = cluster.barrier()  # time spent waiting for the slowest rank
@@ -253,14 +270,15 @@ class Stepper:
         stage("optimizer")
         t0 = time.perf_counter()
         if self.shard is None:
-            grad_norm = self.apply(acc, sums[1], lr)
+            if grad_norm is None:  # not alone: the sums have travelled since
+                grad_norm = self.apply(acc, sums[1], lr)
         else:
             # The step reads the accumulators, then they go before the new weights travel:
             # the rows' step and the sending never hold the FP32 sums at once.
             grad_norm, new = self.step_rows(acc, sums[1], lr)
             del acc
             self.send_rows(new, cluster)
-        mx.eval(self.model.parameters(), self.optimizer.state, grad_norm)
+        mx.eval(self._weights(), self.optimizer.state, grad_norm)
         loss_total, tokens = sums.tolist()
         t_end = time.perf_counter()
         return UpdateFigures(
@@ -328,8 +346,10 @@ class Stepper:
     def _loss_sums(
         self, params: Tree, batch: mx.array, grad: bool = True
     ) -> tuple[mx.array, mx.array]:
-        if self.cast:
+        if self.cast:  # packed (the flat step): a cast a buffer, not one a tensor
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
+        if self.packing is not None:
+            params = self.packing.unpack(params)  # views; as it is when not packed
         self.twin.update(params)
         h = self.twin.features(batch[:, :-1])
         targets = batch[:, 1:].reshape(-1)
@@ -344,26 +364,50 @@ class Stepper:
         return loss, mask.sum()
 
     # --- sequential accumulation: one microbatch per call, accumulators materialized by caller
+    def _accumulators(self, grads: Tree) -> Tree:
+        """FP32 gradients as the accumulators hold them: per tensor, or packed for the flat
+        step (the copy made here, in the microstep, where the GPU is busy anyway)."""
+        acc = tree_map(lambda g: g.astype(mx.float32), grads)
+        return acc if self.packing is None else self.packing.pack(acc)
+
     def _micro_impl(self, params, acc, loss_sum, ntok, batch):
         (loss, n), grads = self._value_and_grad(params, batch)
-        acc = tree_map(lambda a, g: a + g.astype(mx.float32), acc, grads)
+        if self.packing is None:  # one fused cast-and-add a tensor
+            acc = tree_map(lambda a, g: a + g.astype(mx.float32), acc, grads)
+        else:
+            acc = tree_map(mx.add, acc, self._accumulators(grads))
         return acc, loss_sum + loss, ntok + n
 
     def _first_impl(self, params, batch):
         # The gradients become the accumulators: no zeros to allocate, fill and add to (the
         # same sums: 0 + g is g), and no FP32 gradients alive beside accumulators.
         (loss, n), grads = self._value_and_grad(params, batch)
-        return tree_map(lambda g: g.astype(mx.float32), grads), loss, n
+        return self._accumulators(grads), loss, n
 
     def microstep(
         self, acc: Tree | None, loss_sum: mx.array | None, ntok: mx.array | None, batch: mx.array
     ):
         """Add one microbatch's gradient of its summed loss to the FP32 accumulators (lazy);
         `acc` None (the first microstep of an update) starts them from this gradient."""
-        params = self.model.trainable_parameters()
+        params = self._params()
         if acc is None:
             return self._first(params, batch)
         return self._micro(params, acc, loss_sum, ntok, batch)
+
+    def _params(self) -> Tree:
+        """What the microsteps differentiate: the weights, or packed for the flat step (its
+        gradients then come out packed: the backward pass of the unpacking concatenates them)."""
+        if self.packing is None:
+            return self.model.trainable_parameters()
+        self._keep_packed()
+        return self.packing.join(self._kept.read(), self.flat[FLAT])
+
+    def _weights(self) -> list | Tree:
+        """What an update's last eval evaluates of the weights (the flat step: without walking
+        the model; the model's tensors are views, evaluated lest they hold the step's graph)."""
+        if self.packing is None:
+            return self.model.parameters()
+        return [self._packed.read(), self._kept.read(), self.flat]
 
     # --- unrolled accumulation: one graph over every microbatch (the memory baseline)
     def _unrolled_impl(self, params, batches):
@@ -372,11 +416,11 @@ class Stepper:
             return sum(s[0] for s in sums), sum(s[1] for s in sums)
 
         (loss, n), grads = mx.value_and_grad(total)(params)
-        return tree_map(lambda g: g.astype(mx.float32), grads), loss, n
+        return self._accumulators(grads), loss, n
 
     def unrolled(self, batches: list[mx.array]):
         """Gradients of the summed loss over all microbatches in one lazy computation."""
-        return self._unrolled(self.model.trainable_parameters(), batches)
+        return self._unrolled(self._params(), batches)
 
     def eval_sums(self, batch: mx.array) -> tuple[mx.array, mx.array]:
         return self._eval(self.model.trainable_parameters(), batch)
@@ -388,7 +432,8 @@ class Stepper:
         # mean gradient is never written out on its own (a full pass over the weights saved).
         params = self.model.trainable_parameters()
         if self.packing is not None:  # a few buffers: a few norms and AdamW kernels
-            grad_sum, params = self.packing.pack(grad_sum), self.packing.pack(params)
+            grad_sum = self.packing.pack(grad_sum)  # as it is when the microsteps packed it
+            params = self.packing.join(self._kept.read(), self.flat[FLAT])
         norm = global_norm(grad_sum, self.tensor_group) / ntok
         scale = 1.0 / ntok
         if self.grad_clip > 0:
@@ -399,6 +444,7 @@ class Stepper:
                 self.optimizer.update(self.model, grads)
             else:
                 new = self.optimizer.apply_gradients(grads, params)
+                self.flat[FLAT] = new[FLAT]
                 self.model.update(self.packing.unpack(new))
             return norm
         # Sharded: the same arithmetic on this rank's rows (the norm is the whole gradient's:
@@ -419,10 +465,27 @@ class Stepper:
         Sharded, a collective: the new rows of every rank reach every rank."""
         if self.shard is None:
             self.optimizer.learning_rate = mx.array(lr, dtype=mx.float32)
-            return self._apply(grad_sum, ntok)
+            if self.packing is None:
+                return self._apply(grad_sum, ntok)
+            self._keep_packed()
+            norm = self._apply(grad_sum, ntok)
+            self._views = self._packed.read()  # views of the new buffers
+            return norm
         norm, new = self.step_rows(grad_sum, ntok, lr)
         self.send_rows(new, cluster)
         return norm
+
+    def _keep_packed(self) -> None:
+        """The flat step's buffers hold the model's weights: kept from the last step while the
+        model's tensors are its views; packed anew (a copy) when the model got others (the
+        first update, a checkpoint loaded, weights broadcast)."""
+        views = self._packed.read()
+        kept = self._views is not None and all(
+            a is b for a, b in zip(views, self._views, strict=True)
+        )
+        if not kept:
+            self.flat[FLAT] = self.packing.buffers(self.model.trainable_parameters())
+            self._views = views
 
     def step_rows(self, grad_sum: Tree, ntok: mx.array, lr: float) -> tuple[mx.array, Tree]:
         """Sharded: step this rank's rows (evaluated); (the pre-clip grad norm, the new rows)."""

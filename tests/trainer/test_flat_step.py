@@ -62,6 +62,27 @@ def test_adamw_flat_gives_the_per_tensor_weights(precision):
         }
 
 
+def test_weights_given_from_outside_are_packed_anew():
+    """The flat step keeps its buffers between updates; weights the model gets from elsewhere
+    between two updates (a checkpoint, a broadcast) are what the next update steps."""
+    runs = {}
+    for step in ("per-tensor", "flat"):
+        model = GPT(TINY)
+        model.init_weights(0)
+        opt = make_optimizer(TrainConfig(synthetic=True))
+        opt.init(model.trainable_parameters())
+        s = Stepper(model, opt, precision="mixed", pad_id=-1, grad_clip=0.0, optimizer_step=step)
+        stream = SyntheticStream(TINY.vocab, TINY.seq_len, 0)
+        s.update([mx.array(stream.batch(0, 4, 0, 4))], 1e-2)
+        other = GPT(TINY)
+        other.init_weights(7)
+        model.update(other.trainable_parameters())  # as a checkpoint loaded would
+        s.update([mx.array(stream.batch(4, 4, 0, 4))], 1e-2)
+        s.update([mx.array(stream.batch(8, 4, 0, 4))], 1e-2)
+        runs[step] = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    assert _max_diff(runs["per-tensor"], runs["flat"]) == 0.0
+
+
 def test_many_buffers_step_as_one(monkeypatch):
     from trainer import flat
 
