@@ -4,13 +4,15 @@
 # levers: today's defaults, the flat step as it first landed, the head's chunk sizes), then
 # three interleaved pairs of `fleet bench throughput` processes, the default (auto memory
 # limit, trainer/run_ahead.py's 10 kernels a batch) against MLX's own unlimited behaviour (no
-# limit, MLX_MAX_OPS_PER_BUFFER=100), at issue 12's configuration, mixed.
+# limit, MLX_MAX_OPS_PER_BUFFER=100), at issue 12's configuration, mixed; then the live sets
+# (the peak under a tight limit) of ours (bf16, mixed) and of mlx-lm's trainer (bf16) at
+# both run-aheads (mlx-lm from .gpu-b/ as gpu_memory.sh installs it).
 #
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_policy.sh OUT_DIR       # about 6-7 minutes
 #   GPU_SH_TINY=1 DEVICE=cpu bash benchmarks/gpu_policy.sh /tmp/gpu-policy   # the logic, CPU
 #
-# Writes OUT/speed/ (gpu_speed.sh's files) and OUT/pair-N-ARM.json (`fleet bench throughput
-# --json`'s figures) with its .err.
+# Writes OUT/speed/ (gpu_speed.sh's files), OUT/pair-N-ARM.json (`fleet bench throughput
+# --json`'s figures) and OUT/live-*.json, each with its .err.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?OUT_DIR}
@@ -42,3 +44,19 @@ for pair in 1 2 3; do
     echo "pair $pair $arm: exit $?" >&2
   done
 done
+
+lm_wheel=$(ls .gpu-b/mlx_lm-*.whl 2> /dev/null | head -1)
+if ! "$py" -c "import mlx_lm" 2> /dev/null && [ -n "$lm_wheel" ]; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$lm_wheel"
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+lm="$py benchmarks/mlx_lm_reference.py --updates 6 --warmup 2 --json --precision bf16"
+[ -n "${GPU_SH_TINY:-}" ] && lm="$lm --device cpu"
+for ops in 10 100; do
+  # shellcheck disable=SC2086
+  MLX_MAX_OPS_PER_BUFFER=$ops $lm $config --memory-limit-gb tight > "$out/live-lm-bf16-ops$ops.json" 2> "$out/live-lm-bf16-ops$ops.err"
+  echo "mlx-lm bf16 tight, ops $ops: exit $?" >&2
+done
+# shellcheck disable=SC2086
+$thr $config --precision bf16 > "$out/live-ours-bf16.json" 2> "$out/live-ours-bf16.err"
+echo "ours bf16 default: exit $?" >&2

@@ -125,9 +125,6 @@ def repacking_stepper():
     from trainer.step import Stepper
 
     class RepackingStepper(Stepper):
-        def _params(self):
-            return self.model.trainable_parameters()
-
         def _accumulators(self, grads):
             return tree_map(lambda g: g.astype(mx.float32), grads)
 

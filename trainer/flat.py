@@ -12,12 +12,13 @@ The moments stay packed between updates; checkpoints keep today's per-tensor for
 (`unpacked_state` on the way out, `pack_state` on the way in), so a checkpoint moves between
 the two steps either way. The weights stay packed too (`Stepper` keeps the stepped buffers;
 the model's tensors are views of them, no copy back) and are packed again only when something
-else gave the model its weights (a checkpoint, a rebalance's broadcast). The microsteps
-differentiate the packed weights: a cast a buffer (mixed) instead of one a tensor, and the
-gradients come out packed (the backward pass of the unpacking concatenates them, while the
-GPU is busy with the backward pass). So the optimizer phase, where the GPU waits for every
-kernel the CPU sends, is a handful of kernels: on an H200 its ~150 copies had cost more in
-sending than in running (benchmarks/RESULTS.md, issue 23).
+else gave the model its weights (a checkpoint, a rebalance's broadcast). The gradients are
+packed where they are made, in the microstep (a copy each, sent while the GPU is busy with
+the backward pass). So the optimizer phase, where the GPU waits for every kernel the CPU
+sends, is a handful of kernels: on an H200 its ~150 copies had cost more in sending than in
+running (benchmarks/RESULTS.md, issue 23). Differentiating the packed weights instead (a cast
+a buffer, the gradients concatenated by the backward pass of the unpacking) measured 15%
+slower there, so the microsteps see the model's tensors as they are.
 """
 
 from __future__ import annotations
@@ -176,10 +177,7 @@ class Packing:
         return [n for g in self.groups for n in g.names]
 
     def unpack(self, tree: Tree) -> Tree:
-        """A packed tree back in the parameters' shape (views of the buffers: no copy); a tree
-        not packed, as it is."""
-        if not is_packed(tree):
-            return tree
+        """A packed tree back in the parameters' shape (views of the buffers: no copy)."""
         items = dict(tree_flatten(tree))
         out = [(n, items[n]) for n in self.kept]
         for g in self.groups:

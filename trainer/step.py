@@ -346,10 +346,8 @@ class Stepper:
     def _loss_sums(
         self, params: Tree, batch: mx.array, grad: bool = True
     ) -> tuple[mx.array, mx.array]:
-        if self.cast:  # packed (the flat step): a cast a buffer, not one a tensor
+        if self.cast:
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
-        if self.packing is not None:
-            params = self.packing.unpack(params)  # views; as it is when not packed
         self.twin.update(params)
         h = self.twin.features(batch[:, :-1])
         targets = batch[:, 1:].reshape(-1)
@@ -389,18 +387,10 @@ class Stepper:
     ):
         """Add one microbatch's gradient of its summed loss to the FP32 accumulators (lazy);
         `acc` None (the first microstep of an update) starts them from this gradient."""
-        params = self._params()
+        params = self.model.trainable_parameters()
         if acc is None:
             return self._first(params, batch)
         return self._micro(params, acc, loss_sum, ntok, batch)
-
-    def _params(self) -> Tree:
-        """What the microsteps differentiate: the weights, or packed for the flat step (its
-        gradients then come out packed: the backward pass of the unpacking concatenates them)."""
-        if self.packing is None:
-            return self.model.trainable_parameters()
-        self._keep_packed()
-        return self.packing.join(self._kept.read(), self.flat[FLAT])
 
     def _weights(self) -> list | Tree:
         """What an update's last eval evaluates of the weights (the flat step: without walking
@@ -420,7 +410,7 @@ class Stepper:
 
     def unrolled(self, batches: list[mx.array]):
         """Gradients of the summed loss over all microbatches in one lazy computation."""
-        return self._unrolled(self._params(), batches)
+        return self._unrolled(self.model.trainable_parameters(), batches)
 
     def eval_sums(self, batch: mx.array) -> tuple[mx.array, mx.array]:
         return self._eval(self.model.trainable_parameters(), batch)
