@@ -63,7 +63,7 @@ class Parser(argparse.ArgumentParser):
             flags = [w.split("=")[0] for w in words if w.startswith("-")]
             if flags:  # the words after a mistyped flag are its value: not worth a mention
                 known = self.option_names()
-                return "; ".join(f"unknown option {f}{did_you_mean(f, known)}" for f in flags)
+                return "; ".join(f"unknown option {f}{self._hint(f, known)}" for f in flags)
             return message
         m = _INVALID_CHOICE.search(message)
         if m:
@@ -74,6 +74,14 @@ class Parser(argparse.ArgumentParser):
                 f": {m.group(1)!r} is not one of {', '.join(choices)}{hint}"
             )
         return message
+
+    @staticmethod
+    def _hint(flag: str, known: set[str]) -> str:
+        # A parent parser hears its subcommand's unknown flags and knows every subcommand's:
+        # a flag that another subcommand takes is not a typo to correct into itself.
+        if flag in known:
+            return " (another subcommand takes it, not this one)"
+        return did_you_mean(flag, known)
 
     def option_names(self) -> set[str]:
         """Every option string of this parser and of its subcommands' parsers."""

@@ -38,6 +38,12 @@ def test_a_flag_of_a_subcommand_is_found_there(capsys):
     assert "unknown option --jsn (did you mean --json?)" in lines[1] and len(lines) == 3
 
 
+def test_a_flag_of_another_subcommand_is_not_corrected_into_itself(capsys):
+    """`fleet bench throughput --device cpu` once answered "(did you mean --device?)"."""
+    lines = refused(capsys, "bench", "throughput", "--device", "cpu")
+    assert "unknown option --device (another subcommand takes it, not this one)" in lines[1]
+
+
 @pytest.mark.parametrize(
     ("argv", "hint"),
     [
