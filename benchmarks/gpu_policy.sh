@@ -11,7 +11,7 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_policy.sh OUT_DIR       # about 6-7 minutes
 #   GPU_SH_TINY=1 DEVICE=cpu bash benchmarks/gpu_policy.sh /tmp/gpu-policy   # the logic, CPU
 #
-# Writes OUT/speed/ (gpu_speed.sh's files), OUT/pair-N-ARM.json (`fleet bench throughput
+# PARTS (default "speed pairs live") picks the parts. Writes OUT/speed/ (gpu_speed.sh's files), OUT/pair-N-ARM.json (`fleet bench throughput
 # --json`'s figures) and OUT/live-*.json, each with its .err.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +24,18 @@ if [ -n "${GPU_SH_TINY:-}" ]; then
 else
   config="--depth 12 --width 768 --heads 12 --vocab 32768 --seq-len 1024 --local-batch 16 --accum 1"
 fi
+parts=${PARTS:-speed pairs live}
 variants=product,defaults,defaults-repack,defaults-chunk-4096,defaults-chunk-8192
-DEADLINE_S=${SPEED_DEADLINE_S:-200} EXTRA="--sections levers --profile-s 0 --variants $variants" \
-  bash benchmarks/gpu_speed.sh "$out/speed" > "$out/speed.log" 2>&1
-tail -12 "$out/speed/gpu-speed.log" 2> /dev/null
+if [[ " $parts " == *" speed "* ]]; then
+  DEADLINE_S=${SPEED_DEADLINE_S:-200} EXTRA="--sections levers --profile-s 0 --variants $variants" \
+    bash benchmarks/gpu_speed.sh "$out/speed" > "$out/speed.log" 2>&1
+  tail -12 "$out/speed/gpu-speed.log" 2> /dev/null
+fi
 
 thr="$py -m fleet.cli bench throughput --updates 10 --warmup 3 --json --no-breakdown --precision mixed"
+if [[ " $parts " == *" pairs "* ]]; then
+# shellcheck disable=SC2086  # a first process warms the GPU and the caches: not counted
+$thr $config > "$out/warm.json" 2> "$out/warm.err"
 for pair in 1 2 3; do
   if [ $((pair % 2)) = 1 ]; then order="default unlimited"; else order="unlimited default"; fi
   for arm in $order; do
@@ -44,7 +50,9 @@ for pair in 1 2 3; do
     echo "pair $pair $arm: exit $?" >&2
   done
 done
+fi
 
+[[ " $parts " == *" live "* ]] || exit 0
 lm_wheel=$(ls .gpu-b/mlx_lm-*.whl 2> /dev/null | head -1)
 if ! "$py" -c "import mlx_lm" 2> /dev/null && [ -n "$lm_wheel" ]; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$lm_wheel"
