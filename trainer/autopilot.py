@@ -191,7 +191,10 @@ class Autopilot:
             return
         held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
         self.streak = (new, held)
-        if held < HOLD:
+        # A proposal made because ranks' costs moved, each read fast (from figures far out,
+        # rare on this machine), is not held: the reading already needed them in a row.
+        quick = self.fresh and all(self.costs.quick(r) for r in self.fresh)
+        if held < (1 if quick else HOLD):
             return
         moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")
@@ -202,7 +205,10 @@ class Autopilot:
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
         est = [self.costs.estimate(r) for r in range(self.world)]
-        if any(e is None or e.n < MIN_FIGURES for e in est):
+        # (a cost read fast from figures far out needs no more: see Costs.fast)
+        if any(
+            e is None or (e.n < MIN_FIGURES and not self.costs.quick(r)) for r, e in enumerate(est)
+        ):
             return split, 0.0, "too few figures"
         if not all(self.costs.confirmed(r) for r in range(self.world)):
             return split, 0.0, "a rank's new speed is not confirmed yet"
