@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -213,6 +214,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
     ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
     ap.add_argument(
+        "--deadline", type=float, default=0, help="start no run after this many seconds (0: none)"
+    )
+    ap.add_argument(
         "--sim", type=int, default=0, help="no ranks: this many seeds in the simulator (0: off)"
     )
     args = ap.parse_args()
@@ -261,8 +265,8 @@ def main() -> int:
                     part = known
                     break
             parts.append((steps, part))
-        for i, (_, split) in enumerate(parts):
-            if split not in arms.values() or split == arms["pilot"]:
+        for i, (_, split) in enumerate(parts):  # a phase's split not run already (fixed)
+            if split not in [s for arm, s in arms.items() if arm != "pilot"]:
                 arms[f"phase{i}"] = split
         plans[name] = (slow, updates, factors_at, phases, parts, arms)
     results: dict = {
@@ -280,9 +284,39 @@ def main() -> int:
                 extra = ("--autopilot",) if arm == "pilot" else ()
                 tasks.append((name, arm, rep, split, updates, slow, extra))
 
+    def record() -> dict:
+        return {
+            "summary": summarize(plans, results, args.equal_updates),
+            "command": " ".join(["python", *sys.argv]),
+            "machine": {
+                "host": platform.node(),
+                "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+                "cpus": os.cpu_count(),
+                "cores": cores,
+                "jobs": jobs,
+                "pinned": pinned,
+            },
+            "wall_s": round(time.monotonic() - started, 1),
+            "runs": results,
+        }
+
+    def write() -> None:  # after every run: a call cut off still leaves what it measured
+        if args.out:
+            with lock:
+                text = json.dumps(record(), indent=2, default=str) + "\n"
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(text)
+
+    lock = threading.Lock()
+    skipped = []
+
     def one(task) -> None:
         name, arm, rep, split, updates, slow, extra = task
         mine = slots.get()
+        if args.deadline and time.monotonic() - started > args.deadline:
+            slots.put(mine)
+            skipped.append(task[:3])
+            return
         try:
             out = tmp / f"{name}-{arm}-{rep}"
             r = run(data, out, split, updates, slow, *extra, cores=mine)
@@ -293,6 +327,7 @@ def main() -> int:
         rate = "" if name == "equal" else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""
         print(name, arm, rep, split, rate, moves, f"{r['wall_s']} s on {mine}", flush=True)
+        write()
 
     with ThreadPoolExecutor(jobs) as pool:
         for f in [pool.submit(one, t) for t in tasks]:
@@ -301,23 +336,9 @@ def main() -> int:
     print(json.dumps(summary, indent=2))
     wall = time.monotonic() - started
     print(f"{len(tasks)} runs, {jobs} at a time{' pinned' if pinned else ''}: {wall:.0f} s")
-    if args.out:
-        record = {
-            "summary": summary,
-            "command": " ".join(["python", *sys.argv]),
-            "machine": {
-                "host": platform.node(),
-                "system": f"{platform.system()} {platform.release()} {platform.machine()}",
-                "cpus": os.cpu_count(),
-                "cores": cores,
-                "jobs": jobs,
-                "pinned": pinned,
-            },
-            "wall_s": round(wall, 1),
-            "runs": results,
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if skipped:
+        print(f"--deadline: {len(skipped)} runs not started: {skipped}")
+    write()
     return 0
 
 
@@ -327,6 +348,8 @@ def summarize(plans, results, equal_updates) -> dict:
         whole = range(FROM, updates)
         rows = []
         for rep in range(len(results[name]["pilot"])):
+            if any(runs[rep] is None for runs in results[name].values()):
+                continue  # a repeat cut short by --deadline
             pilot = results[name]["pilot"][rep]
             mine = throughput(pilot, whole)
 
@@ -355,6 +378,10 @@ def summarize(plans, results, equal_updates) -> dict:
                 }
             )
 
+        if not rows:
+            summary[name] = {"schedule": slow, "repeats": 0}
+            continue
+
         def spread(key: str, rows=rows) -> dict:
             values = [r[key] for r in rows]
             return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -373,7 +400,7 @@ def summarize(plans, results, equal_updates) -> dict:
     if results["equal"]["pilot"]:
         summary["equal"] = {
             "updates": equal_updates,
-            "changes": [len(r["changes"]) for r in results["equal"]["pilot"]],
+            "changes": [len(r["changes"]) for r in results["equal"]["pilot"] if r is not None],
         }
     return summary
 
