@@ -14,8 +14,14 @@ Three things make the figures of one update a poor guide, each answered here:
   them: a change is read within a few updates instead of being averaged with the past. How
   few depends on this machine's record: two or three figures suffice where figures that far
   out (`line`) are rare enough that as many in a row on one rank would be chance less than
-  once in 1/`FAST_ALPHA` updates; else `recent` (a large shift) to `2 x recent` (a small
-  one) figures, the shift beyond `z` standard errors of their median.
+  once in 1/`FAST_ALPHA` updates (the rate at its 95% upper bound); else `recent` (a large
+  shift) to `2 x recent` (a small one) figures, the shift beyond `z` standard errors of
+  their median. Such a slow reading's figures were picked for being far out, so it is acted
+  on only once later figures confirm it (their median and the newest nearer the new level
+  than the old); as many later figures back at the old level refute it (a run of spikes:
+  the old regime goes on).
+- **The common load** is read from the ranks whose regimes are settled (`MIN_SPREAD_N`
+  figures, confirmed): a rank's unconfirmed regime would carry its error into every other.
 
 An estimate carries its standard error, so that the autopilot acts only on differences the
 noise cannot explain. Pure Python (no mlx).
@@ -35,6 +41,7 @@ MIN_SPREAD_N = 5  # figures a rank needs before its own scatter is trusted
 MIN_REF = 3  # figures of the old regime a shift is measured against
 Z_LINE = 4.0  # a figure this many of its rank's scatters from its regime is far out
 FAST_ALPHA = 1e-4  # false shifts per update (all ranks) that a two- or three-figure reading risks
+Z_RATE = 1.645  # the far-out rate is taken at its one-sided 95% upper bound, not its estimate
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class Costs:
         self.regimes: list[deque[float]] = [deque(maxlen=self.window) for _ in range(world)]
         # how a rank's regime began: "" (not with a shift), "fast" or "slow" (its reading)
         self.shifted = [""] * world
+        # a slow reading's shift, until figures that did not show it confirm or refute it:
+        # (the old regime's figures, its median, the new level, how many figures showed it)
+        self.origin: list[tuple[list[float], float, float, int] | None] = [None] * world
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
         # The machine's record of far-out figures (beyond `line` of their regime), all ranks
         # together: how often one is, and so how many in a row a shift must show. A figure
@@ -88,15 +98,63 @@ class Costs:
                 continue
             self._record(r, v - common)
             self.regimes[r].append(v - common)
+            if self._refuted(r):
+                moved.append(r)  # back where it was: what was read from the shift is void
+                continue
             k, how = self._shifted(r)
             if k:
-                kept = list(self.regimes[r])[-k:]
+                q = list(self.regimes[r])
+                old, kept = q[:-k], q[-k:]
                 self.regimes[r].clear()
                 self.regimes[r].extend(kept)
                 self.shifted[r] = how
+                self.origin[r] = (
+                    (old, statistics.median(old), statistics.median(kept), k)
+                    if how == "slow"
+                    else None
+                )
                 self.flags[r].clear()  # a shift's figures are far out for a reason, not noise
                 moved.append(r)
         return moved
+
+    def _after(self, r: int) -> tuple[list[float], bool, bool] | None:
+        """A slow reading's figures since the ones that showed its shift, whether their
+        median sits nearer the new level than the old, and whether the newest does (None:
+        no slow reading pending)."""
+        if self.origin[r] is None:
+            return None
+        _, old, new, k = self.origin[r]
+        after = list(self.regimes[r])[k:]
+        if not after:
+            return after, False, False
+
+        def nearer(x: float) -> bool:
+            return abs(x - new) < abs(x - old)
+
+        return after, nearer(statistics.median(after)), nearer(after[-1])
+
+    def _refuted(self, r: int) -> bool:
+        """A slow reading's shift that as many later figures as showed it (at least two)
+        place, by their median, at the old level was a run of spikes: the old regime goes
+        on, with them."""
+        seen = self._after(r)
+        if seen is None:
+            return False
+        after, held, _ = seen
+        if held or len(after) < max(2, self.origin[r][3]):
+            if self.confirmed(r):
+                self.origin[r] = None  # nothing left to wait for
+            return False
+        self.regimes[r].clear()
+        self.regimes[r].extend((self.origin[r][0] + after)[-self.window :])
+        self.shifted[r], self.origin[r] = "", None
+        return True
+
+    def _confirm(self, r: int) -> int:
+        """Figures past a slow reading's that confirm it: one, and at least as many as make
+        its regime longer than `recent` (the figures that showed the shift were picked for
+        being far out; only figures that were not can say the new level holds)."""
+        return max(1, self.recent + 1 - self.origin[r][3])
 
     def _common(self, logs: list[float]) -> float:
         """What this update's load did to every rank (log): the median, over the ranks
@@ -106,7 +164,7 @@ class Costs:
         steady = [
             v - statistics.median(self.regimes[r])
             for r, v in enumerate(logs)
-            if self.n(r) >= MIN_REF and r not in self.skip
+            if self.n(r) >= MIN_SPREAD_N and r not in self.skip and self.confirmed(r)
         ]
         return statistics.median(steady) if len(steady) >= 2 else statistics.median(logs)
 
@@ -116,8 +174,12 @@ class Costs:
 
     def fast(self) -> int:
         """The fewest figures in a row (2 or 3) from which this machine's record makes a
-        shift safe to read, or 0 (use the slow reading). Jeffreys' estimate of the rate."""
-        rate = (self.far + 0.5) / (self.read + 1)
+        shift safe to read, or 0 (use the slow reading). The rate of far-out figures is
+        taken at its 95% upper bound (Poisson, Wilson-Hilferty): a short record that
+        happens to hold few of them does not pass for a quiet machine."""
+        n = self.far + 1
+        upper = n * (1 - 1 / (9 * n) + Z_RATE / (3 * math.sqrt(n))) ** 3
+        rate = upper / max(self.read, 1)
         return next((k for k in (2, 3) if self.world * rate**k <= FAST_ALPHA), 0)
 
     def _record(self, r: int, x: float) -> None:
@@ -131,11 +193,13 @@ class Costs:
             self.far += flags.popleft()
 
     def confirmed(self, r: int) -> bool:
-        """Whether rank r's regime can be acted on: the figures that showed a shift were
-        picked for being far out, so a regime a slow reading started needs one figure more
-        than it took. A fast reading's figures are evidence enough (each far out, which this
-        machine's record says is rare: see `fast`)."""
-        return self.shifted[r] != "slow" or self.n(r) > self.recent
+        """Whether rank r's regime can be acted on: a slow reading's shift once figures
+        that did not show it (`_confirm` of them) sit nearer the new level than the old. A
+        fast reading's figures are evidence enough (each far out, which this machine's
+        record says is rare: see `fast`)."""
+        seen = self._after(r)
+        # (and the newest of them: what is acted on is where the rank is now)
+        return seen is None or (seen[1] and seen[2] and len(seen[0]) >= self._confirm(r))
 
     def quick(self, r: int) -> bool:
         """Whether rank r's regime began with a fast reading (two or three figures)."""
@@ -147,7 +211,7 @@ class Costs:
         for r in ranks:
             self.regimes[r].clear()
             self.flags[r].clear()
-            self.shifted[r] = ""
+            self.shifted[r], self.origin[r] = "", None
             self.skip.add(r)
 
     def clear(self) -> None:
@@ -207,7 +271,8 @@ class Costs:
                     if (x - mid) * shift < shift * shift / 2:
                         break
                     kept += 1
-                return max(kept, 2), "slow"
+                # (a newest figure back at the old level: it is read again a figure on)
+                return (kept, "slow") if kept >= 2 else (0, "")
         return 0, ""
 
 
