@@ -1,6 +1,11 @@
 """The autopilot against every fixed split and the oracle, on real local ranks (issue 19).
 
     python benchmarks/autopilot.py --repeats 3 --out /tmp/autopilot.json
+    python benchmarks/autopilot.py --repeats 3 --cores 4-15 --out $OUT/autopilot.json  # 3 at once
+
+--jobs runs that many runs at once (default: one per 4 of --cores), each run's 4 ranks pinned
+to 4 cores of their own (taskset) with one BLAS thread a rank, so runs do not disturb each
+other; the order of the runs still interleaves arms and repeats.
 
 Four ranks on this machine, each slowed by --simulate-slowdown (a rank sleeps (f-1) x its
 compute per microstep), in four scenarios of 100 updates:
@@ -24,10 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import queue
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from telemetry.arrowlog import read_events, read_updates  # noqa: E402
 from tests.support import pilot_sim  # noqa: E402
-from tests.support.fleet import launch_args, run_fleet  # noqa: E402
+from tests.support.fleet import fleet_env, launch_args, run_fleet  # noqa: E402
+from trainer.autopilot import Autopilot  # noqa: E402
 
 MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
 FROM = 5  # updates before this one are the first compile and warm-up
@@ -62,16 +75,49 @@ SCENARIOS = {
 }
 
 
-def run(data: Path, out: Path, split: list[int], updates: int, slow: str, *extra: str) -> dict:
+def cores_of(text: str) -> list[int]:
+    """ "4-15" or "0,2,4-7" as core numbers; "" as every core this process may use."""
+    if not text:
+        return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def run(
+    data: Path,
+    out: Path,
+    split: list[int],
+    updates: int,
+    slow: str,
+    *extra: str,
+    cores: list[int] | None = None,
+) -> dict:
+    """One run of 4 local ranks; on `cores` (each rank one, BLAS single-threaded) if given."""
     t0 = time.monotonic()
     train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *MODEL)
     train += ("--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000")
     if slow:
         train += ("--simulate-slowdown", slow)
-    run_fleet(
-        *launch_args(4, data, out, *train, *extra, launch_opts=("--backend", "ring")),
+    args = launch_args(4, data, out, *train, *extra, launch_opts=("--backend", "ring"))
+    pin: list[str] = []
+    env = fleet_env()
+    if cores:
+        # the launcher and mlx.launch mostly wait; the four ranks spread over the four cores
+        pin = ["taskset", "-c", ",".join(map(str, cores))]
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = "1"  # a rank's BLAS threads would fight its neighbours for cores
+    proc = subprocess.run(
+        [*pin, sys.executable, "-m", "fleet.cli", *args],
+        capture_output=True,
+        text=True,
         timeout=3600,
+        env=env,
     )
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     rows = read_updates(out, 0).to_pylist()
     moves = [e for e in read_events(out, 0) if e.kind == "rebalanced"]
     return {
@@ -100,14 +146,102 @@ def unjustified(changes, factors_at) -> int:
     return n
 
 
+def simulated(seeds: int, noise: pilot_sim.Noise, equal_updates: int) -> dict:
+    """The same scenarios in tests/support/pilot_sim.py (no ranks): the pilot against the
+    best fixed split and the oracle under the same noise, each over updates FROM on."""
+    c = 0.05  # a cost per sample (s): only ratios matter
+    out: dict = {}
+    for name, (slow, total, updates) in SCENARIOS.items():
+        phases, factors_at = schedule(slow)
+
+        def costs(t: int, factors_at=factors_at) -> list[float]:
+            return [c * f for f in factors_at(t)]
+
+        whole, rows = range(FROM, updates), []
+        bounds = [p for p, _ in phases] + [updates]
+        for seed in range(seeds):
+            pilot = Autopilot(4, enabled=True)
+            flown = pilot_sim.fly(costs, [total // 4] * 4, updates, pilot, noise, seed)
+            mine = sum(flown.times[FROM:])
+            mult = pilot_sim.draws(4, updates, noise, seed)
+            best = pilot_sim.best_split(costs, 4, total, whole, noise)
+            fixed = pilot_sim.measured(costs, best, whole, mult, noise)
+            oracle = sum(
+                pilot_sim.measured(
+                    costs,
+                    pilot_sim.best_split(costs, 4, total, range(a, b), noise),
+                    range(max(a, FROM), b),
+                    mult,
+                    noise,
+                )
+                for a, b in zip(bounds, bounds[1:], strict=False)
+            )
+            rows.append(
+                {
+                    "vs_best_fixed": fixed / mine,
+                    "vs_oracle": oracle / mine,
+                    "reactions": [pilot_sim.reaction(flown, at) for at, _ in phases[1:]],
+                    "changes": len(flown.changes),
+                    "moves_between_equal_ranks": len(flown.unjustified),
+                }
+            )
+        out[name] = {
+            key: _spread([r[key] for r in rows]) for key in ("vs_best_fixed", "vs_oracle")
+        } | {key: [r[key] for r in rows] for key in ("reactions", "moves_between_equal_ranks")}
+    equal = [
+        len(
+            pilot_sim.fly(
+                lambda t: [c] * 4, [4] * 4, equal_updates, Autopilot(4, enabled=True), noise, seed
+            ).changes
+        )
+        for seed in range(seeds)
+    ]
+    out["equal"] = {"updates": equal_updates, "changes": equal}
+    return out
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--equal-updates", type=int, default=500)
     ap.add_argument("--only", default=",".join([*SCENARIOS, "equal"]))
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default="", help="the results JSON (its folder is made)")
+    ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
+    ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
+    ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
+    ap.add_argument(
+        "--deadline", type=float, default=0, help="start no run after this many seconds (0: none)"
+    )
+    ap.add_argument(
+        "--sim", type=int, default=0, help="no ranks: this many seeds in the simulator (0: off)"
+    )
     args = ap.parse_args()
+    if args.sim:
+        figures = {
+            label: simulated(args.sim, noise, args.equal_updates)
+            for label, noise in (("quiet", pilot_sim.QUIET), ("noisy", pilot_sim.Noise()))
+        }
+        print(json.dumps(figures, indent=1))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            record = {"simulated": figures, "command": " ".join(["python", *sys.argv])}
+            Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+        return 0
     only = args.only.split(",")
+    unknown = set(only) - {*SCENARIOS, "equal"}
+    if unknown:
+        ap.error(f"--only: unknown scenario(s) {sorted(unknown)}")
+    cores = cores_of(args.cores)
+    jobs = args.jobs or max(1, len(cores) // 4)
+    pinned = not args.no_pin and shutil.which("taskset") is not None and len(cores) >= 4 * jobs
+    slots: queue.Queue[list[int] | None] = queue.Queue()
+    for j in range(jobs):  # a run takes a slot of 4 cores, and gives it back when done
+        slots.put(cores[4 * j : 4 * j + 4] if pinned else None)
+    started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
     data = tmp / "data"
     run_fleet("prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data))
@@ -131,39 +265,80 @@ def main() -> int:
                     part = known
                     break
             parts.append((steps, part))
-        for i, (_, split) in enumerate(parts):
-            if split not in arms.values() or split == arms["pilot"]:
+        for i, (_, split) in enumerate(parts):  # a phase's split not run already (fixed)
+            if split not in [s for arm, s in arms.items() if arm != "pilot"]:
                 arms[f"phase{i}"] = split
         plans[name] = (slow, updates, factors_at, phases, parts, arms)
-    results: dict = {name: {arm: [] for arm in plan[5]} for name, plan in plans.items()}
-    results["equal"] = {"pilot": []}
+    results: dict = {
+        name: {arm: [None] * args.repeats for arm in plan[5]} for name, plan in plans.items()
+    }
+    results["equal"] = {"pilot": [None] * args.repeats if "equal" in only else []}
+    # The order interleaves arms and repeats, so a busy spell of the machine hits every arm
+    # alike; each repeat's long equal-ranks run goes first, so it does not end the benchmark.
+    tasks = []
     for rep in range(args.repeats):
+        if "equal" in only:
+            tasks.append(("equal", "pilot", rep, [4] * 4, args.equal_updates, "", ("--autopilot",)))
         for name, (slow, updates, _, _, _, arms) in plans.items():
             for arm, split in arms.items():
                 extra = ("--autopilot",) if arm == "pilot" else ()
-                out = tmp / f"{name}-{arm}-{rep}"
-                results[name][arm].append(run(data, out, split, updates, slow, *extra))
-                r = results[name][arm][-1]
-                print(
-                    name,
-                    arm,
-                    rep,
-                    split,
-                    f"{throughput(r, range(FROM, updates)):.0f} tok/s",
-                    r["changes"] if arm == "pilot" else "",
-                    flush=True,
-                )
-        if "equal" in only:
-            out = tmp / f"equal-{rep}"
-            r = run(data, out, [4] * 4, args.equal_updates, "", "--autopilot")
-            results["equal"]["pilot"].append(r)
-            print("equal", rep, r["changes"], flush=True)
+                tasks.append((name, arm, rep, split, updates, slow, extra))
+
+    def record() -> dict:
+        return {
+            "summary": summarize(plans, results, args.equal_updates),
+            "command": " ".join(["python", *sys.argv]),
+            "machine": {
+                "host": platform.node(),
+                "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+                "cpus": os.cpu_count(),
+                "cores": cores,
+                "jobs": jobs,
+                "pinned": pinned,
+            },
+            "wall_s": round(time.monotonic() - started, 1),
+            "runs": results,
+        }
+
+    def write() -> None:  # after every run: a call cut off still leaves what it measured
+        if args.out:
+            with lock:
+                text = json.dumps(record(), indent=2, default=str) + "\n"
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(text)
+
+    lock = threading.Lock()
+    skipped = []
+
+    def one(task) -> None:
+        name, arm, rep, split, updates, slow, extra = task
+        mine = slots.get()
+        if args.deadline and time.monotonic() - started > args.deadline:
+            slots.put(mine)
+            skipped.append(task[:3])
+            return
+        try:
+            out = tmp / f"{name}-{arm}-{rep}"
+            r = run(data, out, split, updates, slow, *extra, cores=mine)
+        finally:
+            slots.put(mine)
+        r["cores"] = mine
+        results[name][arm][rep] = r
+        rate = "" if name == "equal" else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
+        moves = r["changes"] if arm == "pilot" else ""
+        print(name, arm, rep, split, rate, moves, f"{r['wall_s']} s on {mine}", flush=True)
+        write()
+
+    with ThreadPoolExecutor(jobs) as pool:
+        for f in [pool.submit(one, t) for t in tasks]:
+            f.result()
     summary = summarize(plans, results, args.equal_updates)
     print(json.dumps(summary, indent=2))
-    if args.out:
-        Path(args.out).write_text(
-            json.dumps({"summary": summary, "runs": results}, indent=2, default=str) + "\n"
-        )
+    wall = time.monotonic() - started
+    print(f"{len(tasks)} runs, {jobs} at a time{' pinned' if pinned else ''}: {wall:.0f} s")
+    if skipped:
+        print(f"--deadline: {len(skipped)} runs not started: {skipped}")
+    write()
     return 0
 
 
@@ -173,6 +348,8 @@ def summarize(plans, results, equal_updates) -> dict:
         whole = range(FROM, updates)
         rows = []
         for rep in range(len(results[name]["pilot"])):
+            if any(runs[rep] is None for runs in results[name].values()):
+                continue  # a repeat cut short by --deadline
             pilot = results[name]["pilot"][rep]
             mine = throughput(pilot, whole)
 
@@ -201,6 +378,10 @@ def summarize(plans, results, equal_updates) -> dict:
                 }
             )
 
+        if not rows:
+            summary[name] = {"schedule": slow, "repeats": 0}
+            continue
+
         def spread(key: str, rows=rows) -> dict:
             values = [r[key] for r in rows]
             return {"median": statistics.median(values), "min": min(values), "max": max(values)}
@@ -219,7 +400,7 @@ def summarize(plans, results, equal_updates) -> dict:
     if results["equal"]["pilot"]:
         summary["equal"] = {
             "updates": equal_updates,
-            "changes": [len(r["changes"]) for r in results["equal"]["pilot"]],
+            "changes": [len(r["changes"]) for r in results["equal"]["pilot"] if r is not None],
         }
     return summary
 

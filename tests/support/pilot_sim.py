@@ -4,7 +4,8 @@ any fixed split, or the oracle, would have done with the same noise (common rand
 A rank's compute in an update is its per-sample cost x its batch x the machine's load that
 update (shared by all ranks) x its own scatter x now and then a spike, plus a recompile the
 first time it runs a batch size. The defaults are what 4 ranks on the 2-core development box
-showed under load: log-scatter 0.45 shared, 0.25 each (trainer/costs.py), 5% spikes of 2-6x.
+showed under load: log-scatter 0.45 shared, 0.25 each (trainer/costs.py), 5% spikes of 2-6x;
+`QUIET` is a rank a core.
 Used by tests/trainer/test_autopilot.py and benchmarks/autopilot.py.
 """
 
@@ -29,6 +30,11 @@ class Noise:
     spikes: float = 0.05
     fixed_s: float = 0.0  # per-update cost of a rank that does not depend on its batch
     recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
+
+
+# Each rank on a core of its own (benchmarks/autopilot.py --cores on a 16-core host): little
+# shared load or scatter, a spike in one rank-update of 100. A guess, not a measurement.
+QUIET = Noise(shared=0.1, own=0.08, spikes=0.01)
 
 
 @dataclass
@@ -76,8 +82,8 @@ def fly(
     mult = draws(len(split), updates, noise, seed)
     seen: list[set[int]] = [{b} for b in split]
     out = Outcome([], [])
-    queued: list = []  # decided after update t-1, applied at the boundary after update t
-    due: list = []  # applied now: as in a run, a decision takes effect one update later
+    due: list = []  # decided at the boundary after update t-1: applied to update t, as the
+    # controller applies the pilot's decision at the boundary it is made at
     for t in range(updates):
         for cmd, args in due:
             if cmd == "rebalance":
@@ -99,12 +105,12 @@ def fly(
             times.append(compute(c, b, mult[t][r], noise) * extra)
         out.splits.append(list(split))
         out.times.append(max(times))
-        due, queued = queued, []
+        due = []
         if pilot is not None:
             figures = [
                 RankFigures(b, c, GIB, 0, 0, None) for b, c in zip(split, times, strict=True)
             ]
-            queued = pilot.observe(split, figures).commands
+            due = pilot.observe(split, figures).commands
     return out
 
 
