@@ -36,9 +36,9 @@ FUSED_VOCAB = 4096
 # One chunk's logits hold at most this many entries unless `chunk` says how many rows. On a GPU
 # 2**28 (512 MiB in bf16: 8192 rows at a 32k vocabulary, 2 chunks at 16 x 1024 tokens): on an
 # H200 the update ran 1.017x (0.993-1.031; an earlier call 1.003-1.037) the speed of 2**26's 8
-# chunks, three interleaved rounds, for about 0.75 GiB more of live set (benchmarks/RESULTS.md, issue 23). On the CPU,
-# whose kernels run one after another whatever their size, 2**22 (a chunk's FP32 cast is
-# 16 MiB: 128 rows at 32k).
+# chunks, three interleaved rounds, for about 0.75 GiB more of live set (benchmarks/RESULTS.md,
+# issue 23). On the CPU, whose kernels run one after another whatever their size, 2**22 (a
+# chunk's FP32 cast is 16 MiB: 128 rows at 32k).
 CHUNK_ENTRIES = {"gpu": 1 << 28, "cpu": 1 << 22}
 
 
