@@ -8,18 +8,16 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   standard error). Of the splits that fast, it takes the nearest to the current one (fewest
   samples moved), and moves only when every sample goes from a rank clearly slower than
   where it lands, the gain is at least `min_gain` and beyond what the noise explains, and
-  the same split was proposed at two boundaries in a row (at once where a rank's cost
-  moved: its shift was read from figures in a row and confirmed by later ones). After a
-  change it waits `cooldown` updates, unless a rank's cost moved since (a new regime): a
-  sustained change is then followed within about `Costs.recent` + 1 updates. The global
-  batch never changes, so neither does the math.
+  the same split was proposed at two boundaries in a row. After a change it waits
+  `cooldown` updates, unless a rank's cost moved since (a new regime): a sustained change is
+  then followed within about `Costs.recent` + 3 updates. The global batch never changes, so
+  neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
 
-It decides; the controller hands its decision to every rank at the boundary it was made at
-(a second tiny all-reduce while the pilot steers: trainer/controller.py), checked as an
-operator's `rebalance` is.
+It decides; the controller submits what it decided to rank 0's own command queue, so the
+change is applied at the next boundary like an operator's `rebalance`.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as press
 MIN_FIGURES = 4  # figures of a rank's regime before its cost is acted on
 HOLD = 2  # boundaries in a row that must propose the same split
 SETTLED = 8  # figures from which a rank's cost counts as well read
-Z_YOUNG = 3.0  # standard errors a move must clear while a rank's cost is read from fewer
+Z_YOUNG = 2.0  # standard errors a move must clear while a rank's cost is read from fewer
 Z_AGREE = 3.0  # two ranks' costs closer than this many standard errors agree within the noise
 Z_GAIN = 1.0  # standard errors the predicted gain itself must clear
 POOL_MAX = math.log(1.3)  # ranks further apart than 30% are never pooled, however noisy
@@ -110,8 +108,6 @@ class Autopilot:
                 self.samples[r].append(balance.RankSample(f.local_batch, f.compute_s, int(f.peak)))
             self.swaps[r].append(f.swap)
         self.fresh |= set(self.costs.add(split, [f.compute_s for f in figures]))
-        # a shift that later figures refuted was a run of spikes: that rank did not move
-        self.fresh = {r for r in self.fresh if self.costs.shifted[r]}
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
         self.recent.append(slowest)
@@ -195,10 +191,7 @@ class Autopilot:
             return
         held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
         self.streak = (new, held)
-        # A proposal made because ranks' costs moved is not held: each shift was read from
-        # figures in a row and (a slow reading's) confirmed by figures that did not show it
-        # (_proposal acts only on confirmed costs); holding would only repeat that evidence.
-        if held < (1 if self.fresh else HOLD):
+        if held < HOLD:
             return
         moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")
@@ -209,10 +202,7 @@ class Autopilot:
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
         est = [self.costs.estimate(r) for r in range(self.world)]
-        # (a cost read fast from figures far out needs no more: see Costs.fast)
-        if any(
-            e is None or (e.n < MIN_FIGURES and not self.costs.quick(r)) for r, e in enumerate(est)
-        ):
+        if any(e is None or e.n < MIN_FIGURES for e in est):
             return split, 0.0, "too few figures"
         if not all(self.costs.confirmed(r) for r in range(self.world)):
             return split, 0.0, "a rank's new speed is not confirmed yet"

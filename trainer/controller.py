@@ -40,13 +40,7 @@ class Controller:
     same all-reduce carries what every rank measured in its last update (peak memory, so the
     memory caps a rebalance is checked against are refreshed at every boundary; compute time
     and swap, for the autopilot) and any rank's request to stop (a signal it received, or
-    what its lifeline to fleet launch says: trainer/launch/lifeline.py).
-
-    The autopilot decides from those figures, so only after that all-reduce. While it
-    steers, rank 0 says so in its figures, and every rank, having read that from the same
-    all-reduce, takes part in a second tiny one that carries the pilot's decision: it is
-    applied at the boundary it was made at, not one update later (one more all-reduce of a
-    few floats per update, and only with the autopilot on)."""
+    what its lifeline to fleet launch says: trainer/launch/lifeline.py)."""
 
     def __init__(
         self,
@@ -111,15 +105,9 @@ class Controller:
                 pending.resolve(CommandResult(ok=False, error=why))
         if self.paused and name == "none":
             name = "keepalive"
-        # rank 0 only, and only where nothing else is applied at this boundary: the pilot's
-        # decision follows in a second all-reduce (see the class docstring)
-        steering = self.pilot is not None and self.pilot.enabled and name == "none"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
         stop = float(self._stop_code())
-        mine = (
-            *(peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB),
-            float(steering),
-        )
+        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
         self.limits = [
@@ -138,38 +126,21 @@ class Controller:
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
-        decided: list[tuple[str, dict]] = []
         if self.pilot is not None and self.cluster.is_root and name != "keepalive":
-            decided = self._steer(split, every)
-        if every[0][6]:  # rank 0 steers: every rank read it from the same all-reduce
-            now, now_payload, now_reason = "none", [], "command"
-            if decided and name == "none":  # (a stop asked by some rank goes first)
-                cmd, args = decided.pop(0)
-                p = PendingCommand(0, cmd, dict(args))
-                why = self._refusal(p, split)
-                if why is None:
-                    now, now_payload, now_reason = cmd, _payload(p), args.get("reason", "command")
-                else:
-                    self.on_event("autopilot", f"{cmd} refused: {why}", {"args": args})
-            now, now_payload, _ = self.cluster.broadcast_command(now, now_payload)
-            if now != "none":
-                name, payload, reason = now, now_payload, now_reason
-        for cmd, args in decided:  # the rest (or all, at a boundary busy otherwise): the next
-            self.queue.submit(cmd, args)
-        if name == "pause":
-            self.paused = True
+            self._steer(split, every)
         return Action(name, payload, pending, reason)
 
-    def _steer(self, split: list[int], every: list[list[float]]) -> list[tuple[str, dict]]:
-        """Show the autopilot this boundary; tell its events; return what it decides."""
+    def _steer(self, split: list[int], every: list[list[float]]) -> None:
+        """Show the autopilot this boundary; queue what it decides (applied at the next)."""
         figures = [
             RankFigures(b, f[2] / 1e6, f[0] * MiB, f[3] * MiB, f[4] / 1e3, limit)
             for b, f, limit in zip(split, every, self.limits, strict=True)
         ]
         decision = self.pilot.observe(split, figures)
+        for cmd, args in decision.commands:
+            self.queue.submit(cmd, args)
         for kind, text, data in decision.events:
             self.on_event(kind, text, data)
-        return list(decision.commands)
 
     def caps(self, split: list[int]) -> list[int | None] | None:
         """Each rank's largest local batch within its memory limit, from the last peaks."""

@@ -82,8 +82,8 @@ def fly(
     mult = draws(len(split), updates, noise, seed)
     seen: list[set[int]] = [{b} for b in split]
     out = Outcome([], [])
-    due: list = []  # decided at the boundary after update t-1: applied to update t, as the
-    # controller applies the pilot's decision at the boundary it is made at
+    queued: list = []  # decided after update t-1, applied at the boundary after update t
+    due: list = []  # applied now: as in a run, a decision takes effect one update later
     for t in range(updates):
         for cmd, args in due:
             if cmd == "rebalance":
@@ -105,12 +105,12 @@ def fly(
             times.append(compute(c, b, mult[t][r], noise) * extra)
         out.splits.append(list(split))
         out.times.append(max(times))
-        due = []
+        due, queued = queued, []
         if pilot is not None:
             figures = [
                 RankFigures(b, c, GIB, 0, 0, None) for b, c in zip(split, times, strict=True)
             ]
-            due = pilot.observe(split, figures).commands
+            queued = pilot.observe(split, figures).commands
     return out
 
 
