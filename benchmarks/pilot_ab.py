@@ -1,19 +1,72 @@
-"""A/B of the pilot on real local ranks: moving16, the pilot arm, in the tree given."""
-import json, sys, tempfile, time
+"""Two checkouts' autopilots on real local ranks, interleaved: the `moving16` scenario.
+
+    git worktree add /tmp/old <commit>
+    python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 2
+
+Four CPU ranks over ring (as benchmarks/autopilot.py: depth 2, width 128, rank 0 twice as
+slow, then rank 2 three times as slow from update 50), 100 updates, `--autopilot` on, each
+tree running its own trainer; the trees alternate in each repeat so a busy spell of the
+machine hits both. Prints one JSON line a run: tokens/s from update 5 on, and the moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
-root = Path(sys.argv[1]); sys.path.insert(0, str(root))
+
+MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
+SLOW = "2,1,1,1@0;1,1,3,1@50"
+FROM = 5
+
+
+def one(tree: Path, data: Path, out: Path) -> dict:
+    """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
+    code = f"""
+import json, sys, time
+sys.path.insert(0, {str(tree)!r})
 from telemetry.arrowlog import read_events, read_updates
 from tests.support.fleet import launch_args, run_fleet
-MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
-tmp = Path(tempfile.mkdtemp(prefix="ab-"))
-data = Path(sys.argv[2])
-slow = "2,1,1,1@0;1,1,3,1@50"
-out = tmp / "run"
-train = ("--local-batches", "4,4,4,4", "--updates", "100", *MODEL, "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000", "--simulate-slowdown", slow, "--autopilot")
-t0 = time.monotonic()
-run_fleet(*launch_args(4, data, out, *train, launch_opts=("--backend", "ring")), timeout=900)
-rows = read_updates(out, 0).to_pylist()
-steps = [r for r in rows if r["step"] >= 5]
-tps = sum(r["update_tokens"] for r in steps) / sum(r["update_s"] for r in steps)
-moves = [(e.step, e.data.get("to")) for e in read_events(out, 0) if e.kind == "rebalanced"]
-print(json.dumps({"tree": str(root), "tok_s": round(tps), "moves": moves, "wall": round(time.monotonic() - t0)}))
+train = ("--local-batches", "4,4,4,4", "--updates", "100", *{MODEL!r}, "--device", "cpu",
+         "--telemetry-port-base", "0", "--log-every", "1000", "--simulate-slowdown", {SLOW!r},
+         "--autopilot")
+run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
+          timeout=900)
+rows = [r for r in read_updates({str(out)!r}, 0).to_pylist() if r["step"] >= {FROM}]
+moves = [(e.step, e.data.get("to")) for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
+tokens, seconds = sum(r["update_tokens"] for r in rows), sum(r["update_s"] for r in rows)
+print(json.dumps({{"tok_s": tokens / seconds, "moves": moves}}))
+"""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"tree": str(tree), "error": proc.stderr[-1500:]}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"tree": str(tree), **res, "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trees", nargs=2, required=True, help="two checkouts to compare")
+    p.add_argument("--repeats", type=int, default=2)
+    a = p.parse_args(argv)
+    trees = [Path(t).resolve() for t in a.trees]
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-pilot-ab-"))
+    data = tmp / "data"
+    subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "prepare", "--stdlib", "--max-files", "300",
+         "--seq-len", "128", "--out", str(data)],
+        check=True, capture_output=True, cwd=trees[0],
+    )  # fmt: skip
+    for rep in range(a.repeats):
+        for i, tree in enumerate(trees if rep % 2 == 0 else trees[::-1]):
+            print(json.dumps(one(tree, data, tmp / f"run-{rep}-{i}")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

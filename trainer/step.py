@@ -155,7 +155,8 @@ class Stepper:
         self.packing = None
         # The flat step's weights, packed, between updates: {"flat": {dtype: [buffers]}}, a
         # compiled step's input and output. `_views` are the model's tensors whose values they
-        # hold (after a step, views of them); packed anew when the model's are no longer those.
+        # hold (after a step, views of them); packed anew when the model's are no longer those
+        # (until the next step, the old buffers stay alive: a copy of the weights).
         self.flat: Tree = {}
         self._views: list[mx.array] | None = None
         if optimizer_step == "auto":  # flat where it wins (a GPU), never sharded
