@@ -147,7 +147,8 @@ class TrainConfig:
         "the limit to 5%% above it, so the peak is the live set; never above what its machine "
         "gives without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "
         "ranks on it), a number, or 0 (none: MLX's own). The memory guard, rebalance caps and "
-        "the console use the budget: the number, or auto's machine share",
+        "the console use the budget: the number, or auto's machine share. On CUDA, MLX "
+        "commits 10 kernels a batch (MLX_MAX_OPS_PER_BUFFER, unless set: what runs ahead)",
     )
     wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
     shard_optimizer: bool = _f(
