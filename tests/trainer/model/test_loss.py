@@ -85,19 +85,25 @@ def test_the_fused_head_is_the_default_from_a_measured_vocabulary():
 
 
 def _live_head_bytes(fused, rows, vocab, width=8, dtype=mx.bfloat16, chunk=0):
-    """The head's live set (its forward and backward under a tight limit), inputs excluded."""
+    """The head's live set (its forward and backward under a tight limit), inputs excluded:
+    the least of three runs, since a buffer the CPU stream's thread frees a moment late can
+    lift one run's peak by a chunk (seen: 1.5x and 2.0x FP32 logits for the same head)."""
     h, w, t, m = _inputs(rows, width, vocab, dtype, scale=0.1)
     grad = mx.compile(
         mx.value_and_grad(lambda h, w: head_loss(h, w, t, m, chunk, fused=fused), argnums=(0, 1))
     )
     mx.eval(grad(h, w))  # compiled once, outside the measurement
-    mx.clear_cache()
-    with memory.tight():
-        mx.reset_peak_memory()
-        before = mx.get_active_memory()
-        out = grad(h, w)
-        mx.eval(out)
-        return mx.get_peak_memory() - before
+    seen = []
+    for _ in range(3):
+        mx.clear_cache()
+        with memory.tight():
+            mx.reset_peak_memory()
+            before = mx.get_active_memory()
+            out = grad(h, w)
+            mx.eval(out)
+            seen.append(mx.get_peak_memory() - before)
+        del out
+    return min(seen)
 
 
 def test_the_default_bf16_head_never_holds_fp32_logits(monkeypatch):
