@@ -25,7 +25,7 @@ else
   config="--depth 12 --width 768 --heads 12 --vocab 32768 --seq-len 1024 --local-batch 16 --accum 1"
 fi
 parts=${PARTS:-speed pairs live}
-variants=product,defaults,defaults-repack,defaults-chunk-4096,defaults-chunk-8192
+variants=product,defaults,defaults-repack,defaults-chunk-4096,defaults-chunk-2048
 if [[ " $parts " == *" speed "* ]]; then
   DEADLINE_S=${SPEED_DEADLINE_S:-200} EXTRA="--sections levers --profile-s 0 --variants $variants" \
     bash benchmarks/gpu_speed.sh "$out/speed" > "$out/speed.log" 2>&1

@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
-SLOW = "2,1,1,1@0;1,1,3,1@50"
-FROM = 5
+from autopilot import FROM, MODEL, SCENARIOS  # the model and moving16's schedule
+
+SLOW = SCENARIOS["moving16"][0]
 
 
 def one(tree: Path, data: Path, out: Path) -> dict:

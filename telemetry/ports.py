@@ -154,21 +154,6 @@ def read(run_dir: str | Path) -> RecordedPorts | None:
     return parse(data, str(path))
 
 
-__all__ = [
-    "DEFAULT_PORT_BASE",
-    "RecordedPorts",
-    "agree_base",
-    "candidates",
-    "forget",
-    "is_free",
-    "keep",
-    "parse",
-    "ports_path",
-    "read",
-    "record",
-]
-
-
 def free_loopback_base(count: int) -> int:
     """A port with `count` consecutive free loopback ports from it (for ranks started here:
     their ring ports, or their telemetry when the default base would not do)."""
@@ -191,3 +176,19 @@ def free_loopback_base(count: int) -> int:
             for t in held:
                 t.close()
     raise OSError("no free range of loopback ports")
+
+
+__all__ = [
+    "DEFAULT_PORT_BASE",
+    "RecordedPorts",
+    "agree_base",
+    "candidates",
+    "forget",
+    "free_loopback_base",
+    "is_free",
+    "keep",
+    "parse",
+    "ports_path",
+    "read",
+    "record",
+]

@@ -79,7 +79,7 @@ class TrainConfig:
     loss_chunk: int = _f(
         0,
         "tokens per chunk of the fused loss head (0 = sized by the vocabulary: one chunk's "
-        "logits hold at most 2**26 entries on a GPU, 2**22 on the CPU); a number asks for the "
+        "logits hold at most 2**28 entries on a GPU, 2**22 on the CPU); a number asks for the "
         "fused head under --loss-head auto",
     )
     grad_checkpoint: bool = _f(

@@ -421,8 +421,9 @@ class Stepper:
         # One pass reads the sums for the norm; the division by the token count and the clip
         # fold into a single scale that compile fuses into AdamW's elementwise update, so the
         # mean gradient is never written out on its own (a full pass over the weights saved).
-        params = self.model.trainable_parameters()
-        if self.packing is not None:  # a few buffers: a few norms and AdamW kernels
+        if self.packing is None:
+            params = self.model.trainable_parameters()
+        else:  # a few buffers: a few norms and AdamW kernels
             grad_sum = self.packing.pack(grad_sum)  # as it is when the microsteps packed it
             params = self.packing.join(self._kept.read(), self.flat[FLAT])
         norm = global_norm(grad_sum, self.tensor_group) / ntok

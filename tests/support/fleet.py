@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from telemetry.ports import free_loopback_base
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 
 def free_port(count: int = 1) -> int:
     """A loopback port with `count` consecutive free ports from it."""
-    from telemetry.ports import free_loopback_base
-
     return free_loopback_base(count)
 
 
