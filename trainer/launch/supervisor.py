@@ -97,6 +97,7 @@ class Supervisor:
         self.stops = stops or Stops()
         self.failures: list[tuple[int, str, int | None]] = []  # rank, how, exit code
         self.cause: tuple[int, str] | None = None  # the first rank that said why it failed
+        self.lost_peer: set[int] = set()  # ranks that said they failed for losing a peer
         self.hidden = 0  # lines of consequential noise left out
         self.signalled: str | None = None
         self.deadline: float | None = None
@@ -227,6 +228,8 @@ class Supervisor:
                     continue
                 ring_seen = True
             elif _CONSEQUENCE.search(line):
+                if m := _RANK_LINE.match(line):
+                    self.lost_peer.add(int(m.group(1)))
                 if self.cause is not None:  # what the cause did to the peers
                     self.hidden += 1
                     continue
@@ -279,8 +282,11 @@ class Supervisor:
         return 0
 
     def _failure_line(self, stalled: str, ended: bool) -> str:
-        rank, how, rc = self.failures[0]
-        others = sorted({r for r, _, _ in self.failures[1:] if r != rank})
+        # The first to end that did not say it lost a peer: a rank killed outright says
+        # nothing, and on a busy machine its peers' exits can reach mlx.launch before its own.
+        first = next((f for f in self.failures if f[0] not in self.lost_peer), self.failures[0])
+        rank, how, rc = first
+        others = sorted({r for r, _, _ in self.failures if r != rank})
         if self.cause is not None:
             # A rank that said why it failed is the cause, whoever mlx.launch saw exit first;
             # its own line is repeated last, where the eye lands.
