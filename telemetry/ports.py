@@ -13,6 +13,7 @@ read it, so no one types a port. An explicit base is used as given (and recorded
 from __future__ import annotations
 
 import json
+import random
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -154,15 +155,18 @@ def read(run_dir: str | Path) -> RecordedPorts | None:
     return parse(data, str(path))
 
 
+# Where free_loopback_base looks: below Linux's ephemeral range (32768-60999) and macOS's
+# (49152-65535), so an outgoing connection (an ssh session, a ring peer's connect) cannot take
+# a port between the look and the bind, which a port from the kernel's own pick (bind to 0) can.
+FREE_RANGE = (20000, 32000)
+
+
 def free_loopback_base(count: int) -> int:
     """A port with `count` consecutive free loopback ports from it (for ranks started here:
     their ring ports, or their telemetry when the default base would not do)."""
+    low, high = FREE_RANGE
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
+        base = random.randrange(low, high - count)
         held = []
         try:
             for p in range(base, base + count):
@@ -175,7 +179,7 @@ def free_loopback_base(count: int) -> int:
         finally:
             for t in held:
                 t.close()
-    raise OSError("no free range of loopback ports")
+    raise OSError(f"no {count} consecutive free loopback ports in {low}-{high}")
 
 
 __all__ = [

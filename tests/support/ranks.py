@@ -89,9 +89,16 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
     """Until the run has saved `step` (a random point of the run, for the kill that follows)."""
     deadline = time.monotonic() + timeout
     while newest_step(run) < step:
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert proc.poll() is None, _why(proc.stderr.read())
         assert time.monotonic() < deadline, f"no checkpoint {step} in {timeout} s"
         time.sleep(0.1)
+
+
+def _why(err: str) -> str:
+    """A dead launch's cause: every rank's own `fleet train` lines (they come first, and a long
+    tail of mlx.launch's clean-up can push them out of view), then the tail."""
+    ours = [line for line in err.splitlines() if line.startswith("fleet train")]
+    return "\n".join([*ours[:20], "...", err[-2000:]])
 
 
 def run_processes(run: Path) -> list[psutil.Process]:

@@ -658,6 +658,20 @@ def test_ports_agree_on_a_base_free_on_every_rank():
     assert all(b < 49152 for b in ports.candidates(start, 64))  # below macOS's ephemeral range
 
 
+def test_a_free_range_lies_below_the_ephemeral_ports_and_skips_a_taken_port(monkeypatch):
+    from telemetry import ports
+
+    low, high = ports.FREE_RANGE
+    assert high <= 32768  # an outgoing connection's port never comes from here (Linux, macOS)
+    with socket.socket() as taken:
+        base = ports.free_loopback_base(3)
+        assert low <= base < high - 3
+        taken.bind(("127.0.0.1", base + 1))
+        picks = iter([base, base + 10])
+        monkeypatch.setattr(ports.random, "randrange", lambda *_: next(picks))
+        assert ports.free_loopback_base(3) == base + 10  # base's range holds a taken port
+
+
 def test_ports_record_round_trip_and_errors(tmp_path):
     from telemetry import arrowlog, ports
 

@@ -3,6 +3,7 @@ none, and their errors; the limit's effect on a real update's peak."""
 
 from __future__ import annotations
 
+import gc
 import re
 from types import SimpleNamespace
 
@@ -64,7 +65,9 @@ def test_auto_on_a_machine_that_reports_no_memory_is_a_one_line_error(monkeypatc
 
 
 def _stepper(chunk=32):
-    """A model whose chunked head runs ahead on the CPU without a limit."""
+    """A model whose chunked head runs ahead on the CPU without a limit. An earlier test's
+    arrays that the collector frees mid-test would move this process's peak: free them first."""
+    gc.collect()
     model, opt, stepper = synthetic_stepper(
         depth=2, width=64, heads=2, vocab=4096, seq_len=64, precision="fp32", loss_chunk=chunk
     )
@@ -89,9 +92,9 @@ def test_auto_measures_the_live_set_once_then_again_after_the_batch_changes():
     assert mx.get_memory_limit() == limit.limit
     update(1)
     assert limit.live == live  # the same batch: measured once
-    update(2, batch=8)  # a rebalance gave this rank more samples: this update runs as set,
+    update(2, batch=16)  # a rebalance gave this rank more samples: this update runs as set,
     assert limit.live == live
-    update(3, batch=8)  # and the next one measures again
+    update(3, batch=16)  # and the next one measures again
     assert limit.live > live and limit.limit == int(limit.live * (1 + memory.AUTO_HEADROOM))
     assert limit.figures() == {
         "mem_budget": 8 * GiB,
