@@ -11,7 +11,7 @@
 #   PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_policy.sh OUT_DIR       # about 6-7 minutes
 #   GPU_SH_TINY=1 DEVICE=cpu bash benchmarks/gpu_policy.sh /tmp/gpu-policy   # the logic, CPU
 #
-# PARTS (default "speed pairs live") picks the parts. Writes OUT/speed/ (gpu_speed.sh's files), OUT/pair-N-ARM.json (`fleet bench throughput
+# PARTS (default "speed pairs live"; "ops" compares run-ahead settings) picks the parts. Writes OUT/speed/ (gpu_speed.sh's files), OUT/pair-N-ARM.json (`fleet bench throughput
 # --json`'s figures) and OUT/live-*.json, each with its .err.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,28 @@ for pair in 1 2 3; do
     echo "pair $pair $arm: exit $?" >&2
   done
 done
+fi
+
+if [[ " $parts " == *" ops "* ]]; then
+  # Run-ahead settings under the default auto limit against MLX unlimited, in rounds whose
+  # order rotates (OPS_LIST, default "10 20 30"; ROUNDS, default 3): OUT/ops-R-ARM.json.
+  # shellcheck disable=SC2086  # a first process warms the GPU and the caches: not counted
+  $thr $config > "$out/warm.json" 2> "$out/warm.err"
+  arms=(unlimited ${OPS_LIST:-10 20 30})
+  for round in $(seq 1 "${ROUNDS:-3}"); do
+    for i in "${!arms[@]}"; do
+      arm=${arms[$(((i + round) % ${#arms[@]}))]}
+      f="$out/ops-$round-$arm"
+      if [ "$arm" = unlimited ]; then
+        # shellcheck disable=SC2086
+        MLX_MAX_OPS_PER_BUFFER=100 $thr $config --memory-limit-gb 0 > "$f.json" 2> "$f.err"
+      else
+        # shellcheck disable=SC2086
+        MLX_MAX_OPS_PER_BUFFER=$arm $thr $config > "$f.json" 2> "$f.err"
+      fi
+      echo "round $round ops $arm: exit $?" >&2
+    done
+  done
 fi
 
 [[ " $parts " == *" live "* ]] || exit 0
