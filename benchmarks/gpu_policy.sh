@@ -33,46 +33,42 @@ if [[ " $parts " == *" speed "* ]]; then
 fi
 
 thr="$py -m fleet.cli bench throughput --updates 10 --warmup 3 --json --no-breakdown --precision mixed"
-if [[ " $parts " == *" pairs "* ]]; then
-# shellcheck disable=SC2086  # a first process warms the GPU and the caches: not counted
-$thr $config > "$out/warm.json" 2> "$out/warm.err"
-for pair in 1 2 3; do
-  if [ $((pair % 2)) = 1 ]; then order="default unlimited"; else order="unlimited default"; fi
-  for arm in $order; do
-    f="$out/pair-$pair-$arm"
-    if [ "$arm" = default ]; then
-      # shellcheck disable=SC2086  # word lists on purpose
-      $thr $config > "$f.json" 2> "$f.err"
-    else
-      # shellcheck disable=SC2086
-      MLX_MAX_OPS_PER_BUFFER=100 $thr $config --memory-limit-gb 0 > "$f.json" 2> "$f.err"
-    fi
-    echo "pair $pair $arm: exit $?" >&2
-  done
-done
-fi
+# One `fleet bench throughput` process an arm: "default" (auto limit, run_ahead.py's setting),
+# "unlimited" (MLX's own: no limit, 100 kernels a batch) or N (N kernels a batch, auto limit).
+run_arm() {
+  case $1 in
+    # shellcheck disable=SC2086  # word lists on purpose
+    default) $thr $config > "$2.json" 2> "$2.err" ;;
+    # shellcheck disable=SC2086
+    unlimited) MLX_MAX_OPS_PER_BUFFER=100 $thr $config --memory-limit-gb 0 > "$2.json" 2> "$2.err" ;;
+    # shellcheck disable=SC2086
+    *) MLX_MAX_OPS_PER_BUFFER=$1 $thr $config > "$2.json" 2> "$2.err" ;;
+  esac
+}
 
-if [[ " $parts " == *" ops "* ]]; then
-  # Run-ahead settings under the default auto limit against MLX unlimited, in rounds whose
-  # order rotates (OPS_LIST, default "10 20 30"; ROUNDS, default 3): OUT/ops-R-ARM.json.
-  # shellcheck disable=SC2086  # a first process warms the GPU and the caches: not counted
-  $thr $config > "$out/warm.json" 2> "$out/warm.err"
-  arms=(unlimited ${OPS_LIST:-10 20 30})
-  for round in $(seq 1 "${ROUNDS:-3}"); do
+# rounds PREFIX COUNT ARM...: COUNT rounds of every arm, the order rotating by one each round
+# (two arms: interleaved pairs); OUT/PREFIX-ROUND-ARM.json.
+rounds() {
+  local prefix=$1 count=$2 round i arm
+  shift 2
+  local arms=("$@")
+  for round in $(seq 1 "$count"); do
     for i in "${!arms[@]}"; do
-      arm=${arms[$(((i + round) % ${#arms[@]}))]}
-      f="$out/ops-$round-$arm"
-      if [ "$arm" = unlimited ]; then
-        # shellcheck disable=SC2086
-        MLX_MAX_OPS_PER_BUFFER=100 $thr $config --memory-limit-gb 0 > "$f.json" 2> "$f.err"
-      else
-        # shellcheck disable=SC2086
-        MLX_MAX_OPS_PER_BUFFER=$arm $thr $config > "$f.json" 2> "$f.err"
-      fi
-      echo "round $round ops $arm: exit $?" >&2
+      arm=${arms[$(((i + round - 1) % ${#arms[@]}))]}
+      run_arm "$arm" "$out/$prefix-$round-$arm"
+      echo "$prefix $round $arm: exit $?" >&2
     done
   done
+}
+
+if [[ " $parts " == *" pairs "* || " $parts " == *" ops "* ]]; then
+  run_arm default "$out/warm" # a first process warms the GPU and the caches: not counted
 fi
+[[ " $parts " == *" pairs "* ]] && rounds pair 3 default unlimited
+# Run-ahead settings under the auto limit against MLX unlimited (OPS_LIST, default "10 20 30";
+# ROUNDS, default 3).
+# shellcheck disable=SC2086  # OPS_LIST is a word list
+[[ " $parts " == *" ops "* ]] && rounds ops "${ROUNDS:-3}" unlimited ${OPS_LIST:-10 20 30}
 
 [[ " $parts " == *" live "* ]] || exit 0
 lm_wheel=$(ls .gpu-b/mlx_lm-*.whl 2> /dev/null | head -1)
