@@ -235,6 +235,13 @@ def _model_args(p: argparse.ArgumentParser, **d) -> None:
         default=False,
         help="recompute each block in the backward pass (fleet train --grad-checkpoint)",
     )
+    p.add_argument(
+        "--overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="build the next update's first microstep while this one's step runs "
+        "(fleet train --overlap; auto: on with a GPU)",
+    )
 
 
 def _device_args(p: argparse.ArgumentParser) -> None:

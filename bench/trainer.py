@@ -32,6 +32,7 @@ MODEL_FLAGS = (
     "loss_head",
     "loss_chunk",
     "grad_checkpoint",
+    "overlap",
     "cuda_graphs",
     "memory_limit_gb",
 )
@@ -96,10 +97,12 @@ def measure(args: argparse.Namespace) -> dict:
         micro.append(figures.compute_s)
         apply_.append(figures.optimizer_s)
         peaks.append(mx.get_peak_memory())
-    # The live set: one more update under a tight limit (no run-ahead), whatever the policy.
+    # The live set: one more update under a tight limit (no run-ahead), whatever the policy,
+    # its first microstep not started by the last timed update (that ran under its limit).
+    mx.synchronize()
     with tight():
         mx.reset_peak_memory()
-        update(args.warmup + args.updates)
+        update(args.warmup + args.updates, fresh=True)
         live = mx.get_peak_memory()
     tokens = args.local_batch * args.accum * args.seq_len
     median = float(np.median(times))
@@ -115,6 +118,7 @@ def measure(args: argparse.Namespace) -> dict:
         "loss_head": args.loss_head,
         "loss_chunk": args.loss_chunk,
         "grad_checkpoint": args.grad_checkpoint,
+        "overlap": args.overlap,
         "local_batch": args.local_batch,
         "accum": args.accum,
         "cuda_graphs": {"setting": args.cuda_graphs, "note": graphs, VARIABLE: _env(VARIABLE)},

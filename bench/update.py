@@ -26,6 +26,7 @@ def synthetic_stepper(
     loss_head: str = "auto",
     grad_checkpoint: bool = False,
     optimizer_step: str = "auto",  # as fleet train's default
+    overlap: str = "auto",  # likewise
 ) -> tuple[GPT, Optimizer, Stepper]:
     """A freshly initialized GPT, its AdamW and the trainer's Stepper, as `fleet train
     --synthetic` builds them (the benchmarks and profiles time these)."""
@@ -57,6 +58,7 @@ def synthetic_stepper(
         loss_head=loss_head,
         grad_checkpoint=grad_checkpoint,
         optimizer_step=optimizer_step,
+        overlap=overlap,
     )
     return model, optimizer, stepper
 
@@ -79,6 +81,7 @@ class SyntheticUpdate:
             loss_chunk=args.loss_chunk,
             loss_head=getattr(args, "loss_head", "auto"),
             grad_checkpoint=getattr(args, "grad_checkpoint", False),
+            overlap=getattr(args, "overlap", "auto"),
         )
         self.stream = SyntheticStream(args.vocab, args.seq_len, 0)
         self.local_batch, self.accum = args.local_batch, args.accum
@@ -86,15 +89,29 @@ class SyntheticUpdate:
 
     def batches(self, i: int) -> list[mx.array]:
         """Update `i`'s microbatches, built on the host (about 10 us a row)."""
+        return [self._batch(i, m) for m in range(self.accum)]
+
+    def _batch(self, i: int, m: int) -> mx.array:
         import mlx.core as mx
 
-        B, accum = self.local_batch, self.accum
-        return [mx.array(self.stream.batch((i * accum + m) * B, B, 0, B)) for m in range(accum)]
+        B = self.local_batch
+        return mx.array(self.stream.batch((i * self.accum + m) * B, B, 0, B))
 
-    def __call__(self, i: int, stage: Callable[[str], None] | None = None) -> UpdateFigures:
-        """Update `i`: its batches made, then the trainer's update on one rank."""
+    def __call__(
+        self, i: int, stage: Callable[[str], None] | None = None, fresh: bool = False
+    ) -> UpdateFigures:
+        """Update `i`: its batches made, then the trainer's update on one rank, which may
+        start update i + 1's first microstep (--overlap) as `train()`'s does; `fresh`: not
+        from a microstep started by the last update (a measurement of this update alone)."""
         extra = {} if stage is None else {"stage": stage}
-        return self.stepper.update(self.batches(i), 1e-4, sequential=self.sequential, **extra)
+        return self.stepper.update(
+            self.batches(i),
+            1e-4,
+            sequential=self.sequential,
+            key=None if fresh else i,
+            ahead=lambda: (i + 1, self._batch(i + 1, 0)),
+            **extra,
+        )
 
 
 def make_update(args: argparse.Namespace) -> tuple[SyntheticUpdate, GPT]:

@@ -25,6 +25,7 @@ OUT/gpu-speed.json is rewritten after each, so a cut run keeps what it measured)
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import queue
 import statistics
@@ -80,8 +81,6 @@ def head_variant(chunk: int) -> Variant:
     """Lever 4: the head against the product's. Where the Stepper has a `loss_head` (issue
     20's fused head, its default from a 4k vocabulary), the head as it was (plain autodiff);
     before that, the chunked head of --loss-chunk."""
-    import inspect
-
     from trainer.step import Stepper
 
     if "loss_head" in inspect.signature(Stepper).parameters:
@@ -95,18 +94,24 @@ def flat_variant() -> list[Variant]:
     """Lever 2: one flat optimizer step (--optimizer-step flat), where the Stepper has it;
     the defaults with it as it first was (repacking) and with the head's chunks smaller (the
     default at 32k is 8192 rows: trainer/model/loss.py)."""
-    import inspect
-
     from trainer.step import Stepper
 
     if "optimizer_step" not in inspect.signature(Stepper).parameters:
         return []
     defaults = dict(attention="fused", packed=True, needs_kernel=True)
     flat = {"optimizer_step": "flat"}
+    # --overlap (the next update's first microstep started behind the step): on in the
+    # defaults where the Stepper has it; every other variant runs without it (run_levers)
+    on = {"overlap": "on"} if "overlap" in inspect.signature(Stepper).parameters else {}
+    overlap = [
+        Variant("defaults-no-overlap", "the defaults without --overlap (as they were)",
+                stepper=flat, **defaults),
+    ] if on else []  # fmt: skip
     return [
         Variant("opt-flat", "2: one flat optimizer step", stepper=flat),
-        Variant("defaults", "the defaults on CUDA: 1 + 3 + q, k, v from one matmul, and 2",
-                stepper=flat, **defaults),
+        Variant("defaults", "the defaults on CUDA: 1 + 3 + q, k, v from one matmul, 2, and "
+                "--overlap", stepper={**flat, **on}, **defaults),
+        *overlap,
         Variant("defaults-repack", "the defaults, the flat step packing every update (as it was)",
                 stepper=flat, repack=True, **defaults),
         Variant("defaults-chunk-4096", "the defaults, the head in chunks of 4096 rows",
@@ -384,6 +389,8 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
         # Issue 12's update unless the variant says otherwise: the per-tensor step (the
         # Stepper's auto would pack the shared optimizer's state on a GPU).
         kw = {"optimizer_step": "per-tensor", **v.stepper}
+        if "overlap" in inspect.signature(Stepper).parameters:
+            kw = {"overlap": "off", **kw}  # issue 12's update had none
         cls = repacking_stepper() if v.repack else Stepper
         s = cls(model, o, precision=a.precision, pad_id=-1, grad_clip=1.0, **kw)
         s.twin.set_attention(v.attention, v.packed)
@@ -392,6 +399,7 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
     worker = TorchWorker(a, cfg) if a.torch and torch_available() else None
     result["torch"] = {"rounds": [], "error": None if worker else "torch not run (absent or off)"}
     counter = [0]
+    keyed = "ahead" in inspect.signature(Stepper.update).parameters  # a tree with --overlap
 
     def run(name: str, n: int) -> dict:
         s = steppers[name]
@@ -400,7 +408,11 @@ def run_levers(a, cfg: dict, chosen: list[Variant], clock: Clock, result: dict, 
             i = counter[0]
             counter[0] += 1
             batch = [mx.array(stream.batch(i * B, B, 0, B))]
-            ups.append(s.update(batch, 1e-4))  # resets the peak at its start
+            # keyed and ahead as train()'s loop (used with --overlap: update i + 1's first
+            # microstep started behind update i's step; a round's first update builds its own)
+            ahead = lambda i=i: (i + 1, mx.array(stream.batch((i + 1) * B, B, 0, B)))  # noqa: E731
+            extra = {"key": i, "ahead": ahead} if keyed else {}
+            ups.append(s.update(batch, 1e-4, **extra))  # resets the peak at its start
         peak = mx.get_peak_memory()
         med = statistics.median(u.update_s for u in ups)
         return {
@@ -602,8 +614,6 @@ def run_profile(a, cfg: dict, kernel_ok: bool, clock: Clock, result: dict, save)
 
         g = mx.compile(mx.value_and_grad(f, argnums=(0, 1)))
         return lambda: mx.eval(g(head_w, x))
-
-    import inspect
 
     if "fused" in inspect.signature(head_loss).parameters:  # issue 20's fused head
         piece("head.plain", lambda: head(fused=False))

@@ -14,8 +14,10 @@ when what is live alone passes it), and the GPU idles meanwhile.
 One child process per value of --ops (MLX reads the variable once): the trainer's update
 (bench.update.synthetic_stepper, the defaults: mixed, the flat step, fused-qkv attention on
 CUDA), compiled, its live set measured (one update under a tight limit), then --rounds rounds
-of --updates updates under each limit arm (none, and the live set + each --headroom), the
-arms' order turned each round. A value given twice (the first and the last) bounds drift.
+of --updates updates under each limit arm (none, and the live set + each --headroom), each
+with --overlap off and/or on (the next update's first microstep built while this one's step
+runs), the arms' order turned each round. A value given twice (the first and the last) bounds
+drift.
 Writes OUT/run-ahead.json (each child's figures) and prints a table.
 """
 
@@ -54,13 +56,19 @@ def child(a: argparse.Namespace) -> dict:
     stream = SyntheticStream(cfg["vocab"], T, 0)
     counter = [0]
 
+    def batch(i: int) -> mx.array:
+        return mx.array(stream.batch(i * B, B, 0, B))
+
     def updates(n: int) -> dict:
         ups, peak = [], 0
         for _ in range(n):
-            batch = [mx.array(stream.batch(counter[0] * B, B, 0, B))]
+            i = counter[0]
             counter[0] += 1
-            ups.append(stepper.update(batch, 1e-4))  # resets the peak at its start
-            peak = max(peak, mx.get_peak_memory())
+            # keyed and ahead as train()'s loop: with overlap on, update i + 1's microstep
+            # starts behind update i's step (an arm's first update builds its own)
+            ahead = lambda i=i: (i + 1, batch(i + 1))  # noqa: E731
+            ups.append(stepper.update([batch(i)], 1e-4, key=i, ahead=ahead))
+            peak = max(peak, mx.get_peak_memory())  # the update resets the peak at its start
         med = statistics.median(u.update_s for u in ups)
         return {
             "tokens_per_s": B * T / med,
@@ -74,15 +82,23 @@ def child(a: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     updates(a.warmup)  # compiles
     compile_s = time.monotonic() - t0
+    mx.synchronize()
     mx.set_memory_limit(1)  # tight: eval waits after every batch, so the peak is the live set
+    stepper.overlap, counter[0] = False, counter[0] + 1  # measured alone, from its start
     live = updates(1)["peak_bytes"]
-    arms = {"none": default_limit}
-    arms.update({f"live+{h:g}%": int(live * (1 + h / 100)) for h in a.headroom})
+    limits = {"none": default_limit}
+    limits.update({f"live+{h:g}%": int(live * (1 + h / 100)) for h in a.headroom})
+    arms = {  # each limit with the overlap off and on
+        f"{name}{'' if o == 'off' else ' overlap'}": (value, o == "on")
+        for name, value in limits.items()
+        for o in a.overlap
+    }
     rounds: dict[str, list] = {name: [] for name in arms}
     names = list(arms)
     for r in range(a.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            mx.set_memory_limit(arms[name])
+            limit, stepper.overlap = arms[name]
+            mx.set_memory_limit(limit)
             rounds[name].append(updates(a.updates))
     mx.set_memory_limit(default_limit)
     return {
@@ -93,7 +109,7 @@ def child(a: argparse.Namespace) -> dict:
         "config": {**cfg, "precision": a.precision},
         "compile_s": compile_s,
         "live_bytes": live,
-        "limits": arms,
+        "limits": limits,
         "rounds": rounds,
     }
 
@@ -101,7 +117,8 @@ def child(a: argparse.Namespace) -> dict:
 def summarize(children: list[dict]) -> dict:
     """Each (ops, arm): median tokens/s, its ratio to the first child's no-limit arm in the
     same round, and the peak over the live set."""
-    base = children[0]["rounds"]["none"]
+    first = children[0]["rounds"]
+    base = first[next(iter(first))]  # the first child's first arm: no limit (overlap off)
     rows = []
     for c in children:
         for arm, rounds in c["rounds"].items():
@@ -117,18 +134,23 @@ def summarize(children: list[dict]) -> dict:
                     "peak_gib": max(x["peak_bytes"] for x in rounds) / GiB,
                     "live_gib": c["live_bytes"] / GiB,
                     "optimizer_ms": statistics.median(x["optimizer_ms"] for x in rounds),
+                    "compute_ms": statistics.median(x["compute_ms"] for x in rounds),
                 }
             )
     return {"rows": rows}
 
 
 def table(summary: dict) -> str:
-    out = ["ops  arm         tok/s     x first none (rounds)        peak/live  peak GiB  live GiB"]
+    out = [
+        "ops  arm                tok/s     x first arm (rounds)      peak/live  peak GiB"
+        "  live GiB  compute ms  optimizer ms"
+    ]
     for r in summary["rows"]:
         ratios = " ".join(f"{x:.3f}" for x in r["over_first_unlimited"])
         out.append(
-            f"{r['ops_per_buffer']:>4} {r['arm']:<10}{r['tokens_per_s']:>10,.0f}   {ratios:<26}"
+            f"{r['ops_per_buffer']:>4} {r['arm']:<17}{r['tokens_per_s']:>10,.0f}   {ratios:<26}"
             f"{r['peak_over_live']:>8.3f}{r['peak_gib']:>10.2f}{r['live_gib']:>10.2f}"
+            f"{r['compute_ms']:>12.2f}{r['optimizer_ms']:>14.2f}"
         )
     return "\n".join(out)
 
@@ -138,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="/tmp/fleet-run-ahead")
     p.add_argument("--ops", default="100,30,10,100", help="MLX_MAX_OPS_PER_BUFFER, one child each")
     p.add_argument("--headroom", default="5,10,25", help="limit arms: the live set + these %%")
+    p.add_argument("--overlap", default="off", help="off, on or off,on: the arms' --overlap")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--updates", type=int, default=12, help="timed updates per arm and round")
     p.add_argument("--warmup", type=int, default=3)
@@ -148,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=180.0, help="per child")
     a = p.parse_args(argv)
     a.headroom = [float(h) for h in str(a.headroom).split(",") if h]
+    a.overlap = [o for o in str(a.overlap).split(",") if o]
+    if not a.overlap or set(a.overlap) - {"off", "on"}:
+        p.error(f"--overlap: off, on or off,on, got {','.join(a.overlap)!r}")
     if a.child:
         print(json.dumps(child(a)))
         return 0
@@ -156,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("rounds", "updates", "warmup")]
     passed += [f"--precision={a.precision}", f"--device={a.device}"]
     passed += [f"--headroom={','.join(f'{h:g}' for h in a.headroom)}"] + (["--tiny"] * a.tiny)
+    passed += [f"--overlap={','.join(a.overlap)}"]
     children, errors = [], []
     for ops in a.ops.split(","):
         env = {**os.environ, "MLX_MAX_OPS_PER_BUFFER": ops}

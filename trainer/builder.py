@@ -152,6 +152,7 @@ def open_run(
         attention=cfg.attention,
         grad_checkpoint=cfg.grad_checkpoint,
         optimizer_step=cfg.optimizer_step,
+        overlap=cfg.overlap,
         shard=shard,
         templates=templates,
         tensor_group=layout.tensor_group,

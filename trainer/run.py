@@ -89,11 +89,32 @@ class Run:
     # --- samples of the global order: this rank's slice of each microbatch of the update
     def batches(self):
         """The update's `accum` microbatches for this rank, read as they are consumed."""
+        for m in range(self.cfg.accum):
+            yield self._microbatch(self.state.cursor + m * sum(self.state.split))
+
+    def _microbatch(self, cursor: int) -> mx.array:
         split, rank = self.state.split, self.layout.replica  # a tensor group reads alike
         global_batch, offset = sum(split), sum(split[:rank])
-        for m in range(self.cfg.accum):
-            cursor = self.state.cursor + m * global_batch
-            yield mx.array(self.data.stream.batch(cursor, global_batch, offset, split[rank]))
+        return mx.array(self.data.stream.batch(cursor, global_batch, offset, split[rank]))
+
+    def batch_key(self, cursor: int | None = None) -> tuple:
+        """What names this rank's first microbatch of the update at `cursor` (this one's by
+        default): the samples are a function of it alone."""
+        s = self.state
+        return (s.cursor if cursor is None else cursor, tuple(s.split), self.layout.replica)
+
+    def seed(self, step: int) -> None:
+        """The global RNG of update `step`: reseeded from (seed, step) every update, so
+        anything random in an update (none today; dropout tomorrow) resumes exactly without
+        its state."""
+        mx.random.seed(self.cfg.seed * 1_000_003 + step)
+
+    def ahead(self) -> tuple[tuple, mx.array]:
+        """The next update's first microbatch and its key, with that update's RNG, for a
+        microstep started early (`Stepper.update(ahead=...)`)."""
+        cursor = self.state.cursor + self.cfg.accum * sum(self.state.split)
+        self.seed(self.state.step + 1)
+        return self.batch_key(cursor), self._microbatch(cursor)
 
     def advance(self, figures: UpdateFigures, lr: float) -> None:
         """Move the loop state past one update."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -60,6 +60,21 @@ class UpdateFigures:
 
 def _no_stage(stage: str) -> None:
     pass
+
+
+# The next update's first microbatch, for `Stepper.update(ahead=...)`: (its key, its tokens).
+Ahead = Callable[[], tuple[Hashable, mx.array]]
+
+
+@dataclass(slots=True)
+class _Started:
+    """The next update's first microstep, built (lazily) while this update's step runs."""
+
+    key: Hashable  # the loop's name for its microbatch (cursor, split, rank)
+    weights: list[mx.array]  # the weights it read: it counts only while they are the model's
+    outputs: tuple  # (accumulators, loss sum, token count), lazy
+    samples: int
+    build_s: float  # the time its building took, credited to the update it belongs to
 
 
 class CheckpointedBlock(Block):
@@ -140,11 +155,22 @@ class Stepper:
         grad_checkpoint: bool = False,
         relu2_recompute: bool | None = None,
         optimizer_step: str = "auto",
+        overlap: str = "auto",
         shard: Shard | None = None,
         templates: tuple[Tree, Tree] | None = None,
         tensor_group: mx.distributed.Group | None = None,
     ):
         self.model, self.optimizer = model, optimizer
+        # --overlap: the next update's first microstep is built (a compiled graph's replay:
+        # 5-9 ms of CPU at 135M parameters, the GPU idle meanwhile at the start of an update)
+        # while this update's step runs: 1.05x the update on an H200 (benchmarks/RESULTS.md,
+        # session 7); nothing measurable on the CPU, where auto leaves it off. Data parallel
+        # only: a tensor-parallel microstep holds collectives every rank of its group must
+        # start alike, and a sharded step evaluates its rows inside.
+        gpu = mx.default_device() == mx.gpu
+        self.overlap = {"auto": gpu, "on": True, "off": False}[overlap]
+        self.overlap &= shard is None and tensor_group is None
+        self._started: _Started | None = None
         # --shard-optimizer: this rank steps its share (trainer/shard.py); `templates` are
         # the full parameter and optimizer-state trees' shapes (lazy, never evaluated), for
         # gathering a checkpoint.
@@ -218,21 +244,38 @@ class Stepper:
         sequential: bool = True,
         cluster: Cluster | None = None,
         stage: Callable[[str], None] = _no_stage,
+        key: Hashable | None = None,
+        ahead: Ahead | None = None,
     ) -> UpdateFigures:
         """Accumulate FP32 gradients over `batches`, sum them over ranks, then step.
 
         `stage` hears each phase as it starts ("compute", "barrier", "all-reduce",
-        "optimizer"): the watchdog's view of where a stuck update is.
+        "optimizer"): the watchdog's view of where a stuck update is. With overlap on,
+        `ahead()` gives the next update's first microbatch and its key: its microstep's graph
+        is built on the new (lazy) weights while this update's step runs, and the next update
+        sends it when its `key` is that one and the weights are still the step's (else, after
+        a rebalance or a checkpoint loaded, it is dropped and built again). The same
+        arithmetic.
         """
         with self.limit.update() as seen:  # resets the peak; auto may measure the live set
-            return self._update(batches, lr, sequential, cluster, stage, seen)
+            return self._update(batches, lr, sequential, cluster, stage, seen, key, ahead)
 
-    def _update(self, batches, lr, sequential, cluster, stage, seen: dict) -> UpdateFigures:
+    def _update(
+        self, batches, lr, sequential, cluster, stage, seen: dict, key, ahead
+    ) -> UpdateFigures:
         stage("compute")
         t_start = time.perf_counter()
-        samples = 0
+        samples, credit = 0, 0.0  # credit: this update's share of time spent in the last one
+        started = self._take_started(key) if sequential else None
+        ahead = ahead if sequential else None
         if sequential:
             acc = loss_sum = ntok = None  # the first microstep writes the accumulators
+            batches = iter(batches)
+            if started is not None:  # its first microstep was built during the last step
+                next(batches, None)
+                samples, credit = started.samples, started.build_s
+                acc, loss_sum, ntok = started.outputs
+                mx.async_eval(started.outputs)
             for batch in batches:
                 samples += batch.shape[0]
                 # Built (a compiled graph's replay: milliseconds on the CPU) while the previous
@@ -255,8 +298,9 @@ class Stepper:
         # computes, not while it waits: its sums need no all-reduce.
         alone = (cluster is None or cluster.size == 1) and self.shard is None
         grad_norm = self.apply(acc, sums[1], lr) if alone else None
+        lent = self._start_next(ahead, grad_norm) if alone else 0.0
         mx.eval(acc, loss_sum, ntok)
-        compute_s = time.perf_counter() - t_start
+        compute_s = time.perf_counter() - t_start - lent + credit
 
         wait_s = transfer_s = 0.0
         if cluster is not None and cluster.size > 1:
@@ -273,6 +317,7 @@ class Stepper:
         if self.shard is None:
             if grad_norm is None:  # not alone: the sums have travelled since
                 grad_norm = self.apply(acc, sums[1], lr)
+                lent = self._start_next(ahead, grad_norm)
         else:
             # The step reads the accumulators, then they go before the new weights travel:
             # the rows' step and the sending never hold the FP32 sums at once.
@@ -290,9 +335,45 @@ class Stepper:
             compute_s=compute_s,
             wait_s=wait_s,
             transfer_s=transfer_s,
-            optimizer_s=t_end - t0,
+            optimizer_s=t_end - t0 - (0.0 if alone else lent),
             update_s=t_end - t_start,
         )
+
+    def _start_next(self, ahead: Ahead | None, grad_norm: mx.array) -> float:
+        """With overlap on: send this update's step to the GPU, then build the next update's
+        first microstep on the step's (lazy) weights while it runs; the seconds the building
+        took. Built, not sent: `async_eval` returns only once all but the last ten batches of
+        kernels are on their way, which would hold this update until most of the next
+        microstep had run."""
+        if ahead is None or not self.overlap:
+            return 0.0
+        mx.async_eval(self._weights(), self.optimizer.state, grad_norm)
+        t0 = time.perf_counter()
+        key, batch = ahead()
+        weights = self._leaves()
+        outputs = self.microstep(None, None, None, batch)
+        build_s = time.perf_counter() - t0
+        self._started = _Started(key, weights, outputs, batch.shape[0], build_s)
+        return build_s
+
+    def _leaves(self) -> list[mx.array]:
+        """The model's trainable tensors (the flat step's: read from their places, no walk)."""
+        if self.packing is not None:
+            return self._packed.read() + self._kept.read()
+        return [a for _, a in tree_flatten(self.model.trainable_parameters())]
+
+    def _take_started(self, key: Hashable | None) -> _Started | None:
+        """The microstep built for this update during the last one, if it was built from this
+        update's first microbatch and the weights it read are still the model's (else dropped:
+        only its building is lost, nothing of it has run)."""
+        started, self._started = self._started, None
+        if started is None or key is None or started.key != key:
+            return None
+        now = self._leaves()
+        same = len(now) == len(started.weights) and all(
+            a is b for a, b in zip(now, started.weights, strict=True)
+        )
+        return started if same else None
 
     # --- what this rank holds, for telemetry; what it saves
     def resident_bytes(self) -> int:

@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import mlx.core as mx
-
 from telemetry.units import MiB
 from trainer import commands, evaluation, memory
 from trainer.builder import open_run
@@ -86,17 +84,19 @@ def train(
                 if run.layout.samples and (sampled or (evaluated and step and run.data.tokenizer)):
                     sample_text(run, say)  # every rank of a tensor-parallel group takes part
 
-                # --- one update: accum microsteps, the all-reduce, then the optimizer
-                # The global RNG is reseeded from (seed, step) every update, so anything random
-                # in an update (none today; dropout tomorrow) resumes exactly without its state.
-                mx.random.seed(cfg.seed * 1_000_003 + step)
+                # --- one update: accum microsteps, the all-reduce, then the optimizer (and,
+                # with --overlap, the next update's first microstep started behind it)
+                run.seed(step)
                 lr = schedule(state.tokens)
+                last = step + 1 >= (min(cfg.updates, cfg.stop_at) if cfg.stop_at else cfg.updates)
                 figures = run.stepper.update(
                     run.batches(),
                     lr,
                     sequential=cfg.accum_mode == "sequential",
                     cluster=run.layout.data,  # the replicas: a tensor group sums nothing
                     stage=watchdog.progress,
+                    key=run.batch_key(),
+                    ahead=None if last else run.ahead,
                 )
                 run.advance(figures, lr)
                 watchdog.progress("report")

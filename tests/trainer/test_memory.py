@@ -88,10 +88,19 @@ def test_auto_measures_the_live_set_once_then_again_after_the_batch_changes():
     assert mx.get_memory_limit() == 8 * GiB  # the budget until the live set is measured
     update(0)
     live = limit.live
-    assert live > 0 and limit.limit == int(live * (1 + memory.AUTO_HEADROOM))
+    set_to = int(live * (1 + memory.AUTO_HEADROOM))
+    assert live > 0 and limit.limit == set_to
     assert mx.get_memory_limit() == limit.limit
-    update(1)
+    peak = update(1)
     assert limit.live == live  # the same batch: measured once
+    # its peak passed the limit by up to ten kernels' outputs (the CPU): the limit comes down
+    # by that much, never below the live set
+    assert peak > set_to
+    assert limit.limit == max(live, 2 * set_to - peak) < set_to
+    assert mx.get_memory_limit() == limit.limit
+    trimmed = limit.limit
+    update(2)
+    assert limit.limit == trimmed  # once
     update(2, batch=16)  # a rebalance gave this rank more samples: this update runs as set,
     assert limit.live == live
     update(3, batch=16)  # and the next one measures again
