@@ -223,7 +223,11 @@ def main() -> int:
     if args.sim:
         figures = {
             label: simulated(args.sim, noise, args.equal_updates)
-            for label, noise in (("quiet", pilot_sim.QUIET), ("noisy", pilot_sim.Noise()))
+            for label, noise in (
+                ("quiet", pilot_sim.QUIET),
+                ("noisy", pilot_sim.Noise()),
+                ("box", pilot_sim.BOX),  # measured: benchmarks/rank_noise.py
+            )
         }
         print(json.dumps(figures, indent=1))
         if args.out:

@@ -12,8 +12,9 @@ live set: what the graph needs at once.
 
 `--memory-limit-gb auto` (`Limit`): a rank measures its live set at its first update (under a
 tight limit: that one update runs with no run-ahead), then sets the limit 5% above it, so the
-peak is the live set at the speed of the run-ahead that fits; again when its local batch
-changes. A primitive's outputs are allocated before `eval` can wait, so a peak passes the
+peak is the live set at the speed of the run-ahead that fits; again at the first update at
+another microbatch size (a rebalance: that update recompiles anyway, and the autopilot does
+not read it). A primitive's outputs are allocated before `eval` can wait, so a peak passes the
 limit by up to the largest of them (the head's chunk of logits: 0.5 GiB at issue 12's size on
 CUDA; on the CPU up to ten kernels' outputs): the update after a measurement lowers the limit
 by what its peak passed it by, never below the live set (on the H200: 1.11x the live set
@@ -75,15 +76,15 @@ def machine_budget(ranks_here: int = 1) -> int:
 
 
 class Limit:
-    """This rank's --memory-limit-gb: auto (measured live set + 5%, within the machine's
-    budget), a fixed number of bytes, or none (MLX's default). `update()` wraps each update."""
+    """This rank's --memory-limit-gb: auto (the measured live set + 5%, less what the next
+    update's peak passed that by, within the machine's budget), a fixed number of bytes, or
+    none (MLX's default). `update()` wraps each update."""
 
     def __init__(self, mode: str, budget: int | None, headroom: float = AUTO_HEADROOM) -> None:
         self.mode, self.budget, self.headroom = mode, budget, headroom
         self.live = 0  # bytes: the last live set measured (auto)
         self.limit = budget if mode == "fixed" else None  # MLX's limit now, bytes
-        self._samples: int | None = None  # the local batch the live set was measured at
-        self._remeasure = mode == "auto"
+        self._rows: int | None = None  # the microbatch size the live set was measured at
         self._trim = False  # the next update's peak lowers the limit by what passed it
 
     @classmethod
@@ -109,29 +110,23 @@ class Limit:
         )
 
     @contextmanager
-    def update(self) -> Iterator[dict]:
-        """Around one update: under auto, the first one (and the first after a change of the
-        local batch) runs under a tight limit and its peak sets the limit; the next one's peak
-        trims it. The caller puts the update's sample count in the yielded dict (key
-        "samples")."""
-        seen: dict = {}
-        measuring, trimming = self._remeasure, self._trim
+    def update(self, rows: int | None) -> Iterator[None]:
+        """Around one update of microbatches of `rows` samples: under auto, the first one
+        (and the first at another size) runs under a tight limit and its peak sets the limit;
+        the next one's peak trims it."""
+        measuring = self.mode == "auto" and (self._rows is None or rows != self._rows)
+        trimming = self._trim and not measuring
         if measuring:
             mx.set_memory_limit(TIGHT)
         mx.reset_peak_memory()
         try:
-            yield seen
+            yield
         finally:
             peak = mx.get_peak_memory()
             if measuring:
-                self.live = peak
+                self.live, self._rows, self._trim = peak, rows, True
                 self.limit = min(self.budget, int(self.live * (1 + self.headroom)))
                 mx.set_memory_limit(self.limit)
-                self._samples, self._remeasure = seen.get("samples"), False
-                self._trim = True
-            elif self.mode == "auto" and seen.get("samples") != self._samples:
-                self._remeasure = True  # a rebalance changed this rank's batch: measure again
-                self._trim = False
             elif trimming:
                 self._trim = False
                 if peak > self.limit:  # so the peak comes to the limit it was set to

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -73,7 +74,6 @@ class _Started:
     key: Hashable  # the loop's name for its microbatch (cursor, split, rank)
     weights: list[mx.array]  # the weights it read: it counts only while they are the model's
     outputs: tuple  # (accumulators, loss sum, token count), lazy
-    samples: int
     build_s: float  # the time its building took, credited to the update it belongs to
 
 
@@ -257,15 +257,18 @@ class Stepper:
         a rebalance or a checkpoint loaded, it is dropped and built again). The same
         arithmetic.
         """
-        with self.limit.update() as seen:  # resets the peak; auto may measure the live set
-            return self._update(batches, lr, sequential, cluster, stage, seen, key, ahead)
+        batches = iter(batches)
+        first = next(batches, None)  # its size decides whether auto measures the live set
+        if first is not None:
+            batches = itertools.chain([first], batches)
+        rows = None if first is None else first.shape[0]
+        with self.limit.update(rows):  # resets the peak; auto may measure the live set
+            return self._update(batches, lr, sequential, cluster, stage, key, ahead)
 
-    def _update(
-        self, batches, lr, sequential, cluster, stage, seen: dict, key, ahead
-    ) -> UpdateFigures:
+    def _update(self, batches, lr, sequential, cluster, stage, key, ahead) -> UpdateFigures:
         stage("compute")
         t_start = time.perf_counter()
-        samples, credit = 0, 0.0  # credit: this update's share of time spent in the last one
+        credit = 0.0  # this update's share of the time spent in the last one
         started = self._take_started(key) if sequential else None
         ahead = ahead if sequential else None
         if sequential:
@@ -273,11 +276,10 @@ class Stepper:
             batches = iter(batches)
             if started is not None:  # its first microstep was built during the last step
                 next(batches, None)
-                samples, credit = started.samples, started.build_s
+                credit = started.build_s
                 acc, loss_sum, ntok = started.outputs
                 mx.async_eval(started.outputs)
             for batch in batches:
-                samples += batch.shape[0]
                 # Built (a compiled graph's replay: milliseconds on the CPU) while the previous
                 # microstep runs, started once it has finished: one microbatch's graph at a time.
                 nxt = self.microstep(acc, loss_sum, ntok, batch)
@@ -289,10 +291,7 @@ class Stepper:
                 acc = self._accumulators(zeros_f32(self.model.trainable_parameters()))
                 loss_sum, ntok = mx.array(0.0), mx.array(0.0)
         else:
-            batches = list(batches)
-            samples = sum(b.shape[0] for b in batches)
-            acc, loss_sum, ntok = self.unrolled(batches)
-        seen["samples"] = samples
+            acc, loss_sum, ntok = self.unrolled(list(batches))
         sums = mx.stack([loss_sum, ntok])
         # Alone (one rank, unsharded), the optimizer step's graph is built while the GPU
         # computes, not while it waits: its sums need no all-reduce.
@@ -353,7 +352,7 @@ class Stepper:
         weights = self._leaves()
         outputs = self.microstep(None, None, None, batch)
         build_s = time.perf_counter() - t0
-        self._started = _Started(key, weights, outputs, batch.shape[0], build_s)
+        self._started = _Started(key, weights, outputs, build_s)
         return build_s
 
     def _leaves(self) -> list[mx.array]:

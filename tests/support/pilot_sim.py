@@ -5,7 +5,8 @@ A rank's compute in an update is its per-sample cost x its batch x the machine's
 update (shared by all ranks) x its own scatter x now and then a spike, plus a recompile the
 first time it runs a batch size. The defaults are what 4 ranks on the 2-core development box
 showed under load: log-scatter 0.45 shared, 0.25 each (trainer/costs.py), 5% spikes of 2-6x;
-`QUIET` is a rank a core.
+`QUIET` is a rank a core (a guess); `BOX` the same box, quiet, measured with
+benchmarks/rank_noise.py.
 Used by tests/trainer/test_autopilot.py and benchmarks/autopilot.py.
 """
 
@@ -30,11 +31,20 @@ class Noise:
     spikes: float = 0.05
     fixed_s: float = 0.0  # per-update cost of a rank that does not depend on its batch
     recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
+    # How much of a rank's own log-scatter carries over to its next update (AR(1); 0: each
+    # update draws anew, as measured: benchmarks/rank_noise.py).
+    persistence: float = 0.0
+    spike_range: tuple[float, float] = (2.0, 6.0)  # a spike's multiplier, drawn uniformly
 
 
 # Each rank on a core of its own (benchmarks/autopilot.py --cores on a 16-core host): little
 # shared load or scatter, a spike in one rank-update of 100. A guess, not a measurement.
 QUIET = Noise(shared=0.1, own=0.08, spikes=0.01)
+# Measured (benchmarks/rank_noise.py, 4 ranks on the 2-core box, 150 updates): a rank's own
+# log-scatter 0.09 with no carry-over (lag-1 autocorrelation -0.02), what all share 0.11, and
+# one figure in nine far *faster* than its peers (0.43-0.76x: the rank that got a core first
+# while the others waited), none far slower.
+BOX = Noise(shared=0.11, own=0.09, spikes=0.11, spike_range=(0.43, 0.76))
 
 
 @dataclass
@@ -54,13 +64,17 @@ class Outcome:
 def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]]:
     """Each update's multiplier of each rank's compute (load, scatter, spikes)."""
     rng = random.Random(seed)
+    rho = noise.persistence
+    own = [0.0] * world  # each rank's own log-scatter, carried over by `persistence`
     out = []
-    for _ in range(updates):
+    for t in range(updates):
         shared = math.exp(rng.gauss(0, noise.shared))
         row = []
-        for _ in range(world):
-            spike = rng.uniform(2, 6) if rng.random() < noise.spikes else 1.0
-            row.append(shared * math.exp(rng.gauss(0, noise.own)) * spike)
+        for r in range(world):
+            spike = rng.uniform(*noise.spike_range) if rng.random() < noise.spikes else 1.0
+            fresh = rng.gauss(0, noise.own)  # stationary: each figure's scatter stays `own`
+            own[r] = fresh if t == 0 else rho * own[r] + math.sqrt(1 - rho * rho) * fresh
+            row.append(shared * math.exp(own[r]) * spike)
         out.append(row)
     return out
 

@@ -47,6 +47,18 @@ def test_any_split_of_the_global_batch_gives_the_same_update(tiny_data, tmp_path
     assert moved == list(reference)
 
 
+def test_ranks_with_overlap_train_the_weights_of_one_rank(tiny_data, tmp_path):
+    """--overlap on (the next update's first microstep built during the step; auto leaves it
+    off on the CPU) on two real ranks over ring, two microsteps an update and a checkpoint
+    every update: the replicas agree (checked at each save) and the weights are one rank's."""
+    both = ("--updates", "3", "--checkpoint-every", "1", "--accum", "2")
+    single(tiny_data, tmp_path / "whole", "--local-batch", "3", *both)
+    run = tmp_path / "overlap"
+    launch(2, tiny_data, run, "--local-batches", "2,1", "--overlap", "on", *both)
+    for step in (1, 2, 3):
+        assert_same_weights(weights(tmp_path / "whole", step), weights(run, step))
+
+
 def test_resume_on_a_different_split_is_exact(tiny_data, tmp_path):
     single(tiny_data, tmp_path / "straight", "--local-batch", "6", "--updates", "3")
     legs = tmp_path / "legs"
