@@ -146,9 +146,12 @@ def unjustified(changes, factors_at) -> int:
     return n
 
 
-def simulated(seeds: int, noise: pilot_sim.Noise, equal_updates: int) -> dict:
-    """The same scenarios in tests/support/pilot_sim.py (no ranks): the pilot against the
-    best fixed split and the oracle under the same noise, each over updates FROM on."""
+def simulated(
+    seeds: int, noise: pilot_sim.Noise, equal_updates: int, fixed_samples: float = 0.0
+) -> dict:
+    """The same scenarios in tests/support/pilot_sim.py (no ranks): the pilot (told
+    `fixed_samples` of fixed compute a rank) against the best fixed split and the oracle under the
+    same noise, each over updates FROM on."""
     c = 0.05  # a cost per sample (s): only ratios matter
     out: dict = {}
     for name, (slow, total, updates) in SCENARIOS.items():
@@ -160,7 +163,7 @@ def simulated(seeds: int, noise: pilot_sim.Noise, equal_updates: int) -> dict:
         whole, rows = range(FROM, updates), []
         bounds = [p for p, _ in phases] + [updates]
         for seed in range(seeds):
-            pilot = Autopilot(4, enabled=True)
+            pilot = Autopilot(4, enabled=True, fixed_samples=fixed_samples)
             flown = pilot_sim.fly(costs, [total // 4] * 4, updates, pilot, noise, seed)
             mine = sum(flown.times[FROM:])
             mult = pilot_sim.draws(4, updates, noise, seed)
@@ -191,7 +194,12 @@ def simulated(seeds: int, noise: pilot_sim.Noise, equal_updates: int) -> dict:
     equal = [
         len(
             pilot_sim.fly(
-                lambda t: [c] * 4, [4] * 4, equal_updates, Autopilot(4, enabled=True), noise, seed
+                lambda t: [c] * 4,
+                [4] * 4,
+                equal_updates,
+                Autopilot(4, enabled=True, fixed_samples=fixed_samples),
+                noise,
+                seed,
             ).changes
         )
         for seed in range(seeds)
@@ -219,10 +227,17 @@ def main() -> int:
     ap.add_argument(
         "--sim", type=int, default=0, help="no ranks: this many seeds in the simulator (0: off)"
     )
+    ap.add_argument(
+        "--fixed-samples",
+        type=float,
+        default=0.0,
+        help="--sim: the pilot is told a rank's fixed compute, in samples (Autopilot's "
+        "fixed_samples; pilot_sim.BOX has 6)",
+    )
     args = ap.parse_args()
     if args.sim:
         figures = {
-            label: simulated(args.sim, noise, args.equal_updates)
+            label: simulated(args.sim, noise, args.equal_updates, args.fixed_samples)
             for label, noise in (
                 ("quiet", pilot_sim.QUIET),
                 ("noisy", pilot_sim.Noise()),

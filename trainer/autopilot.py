@@ -74,6 +74,11 @@ class Autopilot:
     window: int = 10
     cooldown: int = 20
     headroom: float = 0.15
+    # A rank's compute that does not grow with its batch (a microstep's launch and Python
+    # overhead), in samples of its own cost: a rank costs (fixed_samples + batch) of them.
+    # Read as 0 (none), a rank with more samples looks cheaper per sample than its peers and
+    # is given still more (benchmarks/RESULTS.md, session 7: about 6 on the 2-core box).
+    fixed_samples: float = 0.0
     pause_on_pressure: bool = False
 
     def __post_init__(self) -> None:
@@ -108,7 +113,8 @@ class Autopilot:
             if f.local_batch > 0 and f.compute_s > 0:
                 self.samples[r].append(balance.RankSample(f.local_batch, f.compute_s, int(f.peak)))
             self.swaps[r].append(f.swap)
-        self.fresh |= set(self.costs.add(split, [f.compute_s for f in figures]))
+        sizes = [b + self.fixed_samples for b in split]  # what a rank's compute is made of
+        self.fresh |= set(self.costs.add(sizes, [f.compute_s for f in figures]))
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
         self.recent.append(slowest)
@@ -182,7 +188,8 @@ class Autopilot:
             est = self.costs.estimate(r)
             per_mem = statistics.median(s.peak_mem / s.local_batch for s in samples)
             cost = est.cost if est is not None else 1.0
-            models.append(balance.RankModel(r, 0.0, cost, 0, int(per_mem), None, 0, True))
+            fixed = cost * self.fixed_samples
+            models.append(balance.RankModel(r, fixed, cost, 0, int(per_mem), None, 0, True))
         return models
 
     def _rebalance(self, split: list[int], out: Decision) -> None:
@@ -202,6 +209,7 @@ class Autopilot:
 
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
+        fixed = self.fixed_samples
         est = [self.costs.estimate(r) for r in range(self.world)]
         if any(e is None or e.n < MIN_FIGURES for e in est):
             return split, 0.0, "too few figures"
@@ -212,16 +220,16 @@ class Autopilot:
         costs = pooled([e.cost for e in est], [e.se for e in est])
         models = self._models()
         for m, c in zip(models, costs, strict=True):
-            m.per_sample_s = c
+            m.per_sample_s, m.fixed_s = c, c * fixed
         try:
             best = balance.propose(models, sum(split), self.headroom)
         except balance.BalanceError as e:
             return split, 0.0, str(e)
-        new = nearest(split, costs, best.predicted_s * (1 + TIE), best.caps)
+        new = nearest(split, costs, best.predicted_s * (1 + TIE), best.caps, fixed)
         if new == split:
             return split, 0.0, "the split is as fast as any"
-        before = [c * b for c, b in zip(costs, split, strict=True)]
-        after = [c * b for c, b in zip(costs, new, strict=True)]
+        before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
+        after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
         gain = 1 - max(after) / max(before)
         # Within `cooldown` updates of a change (and no rank's cost moved since), only a
         # gain twice as large: small corrections wait, so noise cannot swing the split.
@@ -289,14 +297,18 @@ class Autopilot:
 
 
 def nearest(
-    split: list[int], costs: list[float], target: float, caps: list[int | None]
+    split: list[int],
+    costs: list[float],
+    target: float,
+    caps: list[int | None],
+    fixed: float = 0.0,
 ) -> list[int]:
     """The split nearest to `split` (fewest samples moved) under which no rank's predicted
-    time (cost x batch) exceeds `target`: ranks over it keep what fits, the rest goes, one
+    time (cost x (fixed + batch)) exceeds `target`: ranks over it keep what fits, the rest goes, one
     sample at a time, to the rank that would be done soonest with it. Ranks of equal cost
     never trade samples: only a rank over the target gives, only one under it takes."""
     room = [
-        min(max(1, math.floor(target / c + 1e-9)), cap if cap is not None else 1 << 30)
+        min(max(1, math.floor(target / c - fixed + 1e-9)), cap if cap is not None else 1 << 30)
         for c, cap in zip(costs, caps, strict=True)
     ]
     new = [min(b, r) for b, r in zip(split, room, strict=True)]
@@ -304,7 +316,7 @@ def nearest(
         open_ = [r for r in range(len(new)) if new[r] < room[r]]
         if not open_:
             return split  # the target cannot hold the global batch: stay
-        r = min(open_, key=lambda r: (costs[r] * (new[r] + 1), r))
+        r = min(open_, key=lambda r: (costs[r] * (fixed + new[r] + 1), r))
         new[r] += 1
     return new
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,11 @@ class Noise:
     own: float = 0.25
     spikes: float = 0.05
     fixed_s: float = 0.0  # per-update cost of a rank that does not depend on its batch
+    # The same in samples of the rank's own cost (a microstep's launch and Python overhead:
+    # a slowdown scales it too, as SlowedStepper's does), and each update's time after its
+    # slowest rank (the all-reduce, the step) in samples of the median rank's cost.
+    fixed_samples: float = 0.0
+    overhead: float = 0.0
     recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
     # How much of a rank's own log-scatter carries over to its next update (AR(1); 0: each
     # update draws anew, as measured: benchmarks/rank_noise.py).
@@ -44,7 +50,19 @@ QUIET = Noise(shared=0.1, own=0.08, spikes=0.01)
 # log-scatter 0.09 with no carry-over (lag-1 autocorrelation -0.02), what all share 0.11, and
 # one figure in nine far *faster* than its peers (0.43-0.76x: the rank that got a core first
 # while the others waited), none far slower.
-BOX = Noise(shared=0.11, own=0.09, spikes=0.11, spike_range=(0.43, 0.76))
+# Read from real moving16 pilot runs on the same box (RESULTS, session 7): a rank's compute
+# is about (6 + batch) samples' worth (+1 sample added ~14 ms to ~140 at batch 4), an update
+# ends ~2.3 samples' compute after its slowest rank, and the first update at a new batch
+# takes 2.4x (median of 18) the rank's compute.
+BOX = Noise(
+    shared=0.11,
+    own=0.09,
+    spikes=0.11,
+    spike_range=(0.43, 0.76),
+    fixed_samples=6.0,
+    overhead=2.3,
+    recompile=1.4,
+)
 
 
 @dataclass
@@ -80,7 +98,12 @@ def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]
 
 
 def compute(cost: float, batch: int, mult: float, noise: Noise) -> float:
-    return (noise.fixed_s + cost * batch) * mult
+    return (noise.fixed_s + cost * (noise.fixed_samples + batch)) * mult
+
+
+def after(costs: Sequence[float], noise: Noise) -> float:
+    """An update's time after its slowest rank's compute."""
+    return noise.overhead * statistics.median(costs)
 
 
 def fly(
@@ -118,7 +141,7 @@ def fly(
             seen[r].add(b)
             times.append(compute(c, b, mult[t][r], noise) * extra)
         out.splits.append(list(split))
-        out.times.append(max(times))
+        out.times.append(max(times) + after(costs, noise))
         due, queued = queued, []
         if pilot is not None:
             figures = [
@@ -135,7 +158,9 @@ def splits_of(total: int, world: int) -> list[tuple[int, ...]]:
 def expected(schedule: Schedule, split: Sequence[int], steps: range, noise: Noise) -> float:
     """A split's time over `steps` without noise: what hindsight of the costs predicts."""
     return sum(
-        max(noise.fixed_s + c * b for c, b in zip(schedule(t), split, strict=True)) for t in steps
+        max(compute(c, b, 1.0, noise) for c, b in zip(schedule(t), split, strict=True))
+        + after(schedule(t), noise)
+        for t in steps
     )
 
 
@@ -146,6 +171,7 @@ def measured(schedule: Schedule, split: Sequence[int], steps: range, mult, noise
             compute(c, b, mult[t][r], noise)
             for r, (c, b) in enumerate(zip(schedule(t), split, strict=True))
         )
+        + after(schedule(t), noise)
         for t in steps
     )
 

@@ -187,6 +187,33 @@ def test_the_pilot_keeps_up_with_the_best_fixed_split_and_the_oracle():
     assert statistics.median(vs_best) >= 0.95 and statistics.median(vs_oracle) >= 0.83
 
 
+def test_a_pilot_told_the_fixed_compute_stops_chasing_it():
+    """Ranks whose compute has a fixed part (pilot_sim.BOX: 6 samples' worth, as measured on
+    real ranks): read as cost x batch, a rank with more samples looks cheaper per sample and
+    the pilot moves samples between equal ranks; told the fixed part, it does not, and it
+    comes nearer the oracle."""
+    noise = pilot_sim.BOX
+    moved, ratio = {}, {}
+    for fixed in (0.0, 6.0):
+        moved[fixed], ratio[fixed] = 0, []
+        for seed in range(4):
+            pilot = Autopilot(4, enabled=True, fixed_samples=fixed)
+            out = pilot_sim.fly(moving, [4] * 4, 100, pilot, noise, seed)
+            moved[fixed] += len(out.unjustified)
+            oracle = pilot_sim.oracle(moving, 4, 16, 100, [0, 50], noise, seed)
+            ratio[fixed].append(oracle / out.total)
+    assert moved[0.0] > 0 and moved[6.0] == 0, moved
+    assert statistics.median(ratio[6.0]) > statistics.median(ratio[0.0]), ratio
+    # the split it predicts with the fixed part: rank 0 (twice as slow) gives fewer samples,
+    # since each one it gives saves only its per-sample part
+    assert nearest([4, 4, 4, 4], [2.0, 1.0, 1.0, 1.0], 2.0 * (6 + 3) + 0.1, [None] * 4, 6.0) == [
+        3,
+        5,
+        4,
+        4,
+    ]
+
+
 def test_the_nearest_fast_split_moves_the_fewest_samples():
     # rank 0 is twice as slow: its samples go, the equal ranks keep what they have
     assert nearest([4, 4, 4, 4], [2.0, 1.0, 1.0, 1.0], 5.1, [None] * 4) == [2, 5, 5, 4]
