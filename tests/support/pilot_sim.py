@@ -37,9 +37,6 @@ class Noise:
     fixed_samples: float = 0.0
     overhead: float = 0.0
     recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
-    # How much of a rank's own log-scatter carries over to its next update (AR(1); 0: each
-    # update draws anew, as measured: benchmarks/rank_noise.py).
-    persistence: float = 0.0
     spike_range: tuple[float, float] = (2.0, 6.0)  # a spike's multiplier, drawn uniformly
 
 
@@ -82,17 +79,13 @@ class Outcome:
 def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]]:
     """Each update's multiplier of each rank's compute (load, scatter, spikes)."""
     rng = random.Random(seed)
-    rho = noise.persistence
-    own = [0.0] * world  # each rank's own log-scatter, carried over by `persistence`
     out = []
-    for t in range(updates):
+    for _ in range(updates):
         shared = math.exp(rng.gauss(0, noise.shared))
         row = []
-        for r in range(world):
+        for _ in range(world):
             spike = rng.uniform(*noise.spike_range) if rng.random() < noise.spikes else 1.0
-            fresh = rng.gauss(0, noise.own)  # stationary: each figure's scatter stays `own`
-            own[r] = fresh if t == 0 else rho * own[r] + math.sqrt(1 - rho * rho) * fresh
-            row.append(shared * math.exp(own[r]) * spike)
+            row.append(shared * math.exp(rng.gauss(0, noise.own)) * spike)
         out.append(row)
     return out
 
