@@ -97,18 +97,15 @@ class SyntheticUpdate:
         B = self.local_batch
         return mx.array(self.stream.batch((i * self.accum + m) * B, B, 0, B))
 
-    def __call__(
-        self, i: int, stage: Callable[[str], None] | None = None, fresh: bool = False
-    ) -> UpdateFigures:
-        """Update `i`: its batches made, then the trainer's update on one rank, which may
-        start update i + 1's first microstep (--overlap) as `train()`'s does; `fresh`: not
-        from a microstep started by the last update (a measurement of this update alone)."""
+    def __call__(self, i: int, stage: Callable[[str], None] | None = None) -> UpdateFigures:
+        """Update `i`: its batches made, then the trainer's update on one rank, which builds
+        update i + 1's first microstep during its step (--overlap) as `train()`'s does."""
         extra = {} if stage is None else {"stage": stage}
         return self.stepper.update(
             self.batches(i),
             1e-4,
             sequential=self.sequential,
-            key=None if fresh else i,
+            key=i,
             ahead=lambda: (i + 1, self._batch(i + 1, 0)),
             **extra,
         )

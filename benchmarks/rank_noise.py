@@ -29,11 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autopilot import FROM, MODEL  # noqa: E402  (the model and warm-up of its runs)
+
 from telemetry.arrowlog import read_updates  # noqa: E402
 from tests.support.fleet import launch_args, run_fleet  # noqa: E402
-
-MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]  # benchmarks/autopilot.py's
-FROM = 5  # the first compile and warm-up
 
 
 def mad(xs: list[float]) -> float:

@@ -82,9 +82,7 @@ def child(a: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     updates(a.warmup)  # compiles
     compile_s = time.monotonic() - t0
-    mx.synchronize()
     mx.set_memory_limit(1)  # tight: eval waits after every batch, so the peak is the live set
-    stepper.overlap, counter[0] = False, counter[0] + 1  # measured alone, from its start
     live = updates(1)["peak_bytes"]
     limits = {"none": default_limit}
     limits.update({f"live+{h:g}%": int(live * (1 + h / 100)) for h in a.headroom})

@@ -1,10 +1,15 @@
-"""Helpers for the export and sample tests: a tiny trained run, and a one-line CLI failure."""
+"""Helpers for tests of in-process runs: a tiny trained run, a checkpoint's arrays, and a
+one-line CLI failure."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
+
 from fleet.cli import main as fleet
+from trainer.checkpoint import catalog
 from trainer.config import TrainConfig
 from trainer.distributed import Cluster
 from trainer.train import train
@@ -28,6 +33,15 @@ def train_tiny(data: Path | None, run: Path, **over) -> Path:
     cfg = TrainConfig(data=str(data), **fields) if data else TrainConfig(**fields)
     assert train(cfg, Cluster(OneRank())) == 0
     return run
+
+
+def saved(run: Path, step: int) -> dict[str, dict[str, np.ndarray]]:
+    """The weights and optimizer state of a run's checkpoint of `step`, as FP32 arrays."""
+    folder = catalog.step_dir(run, step)
+    return {
+        name: {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / name)).items()}
+        for name in (catalog.WEIGHTS, catalog.OPTIMIZER)
+    }
 
 
 def fails(capsys, *argv: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 
 from fleet.cli import main as fleet
-from tests.support.tiny_run import OneRank
+from tests.support.tiny_run import OneRank, saved
 from trainer.checkpoint import catalog
 from trainer.config import ConfigError, TrainConfig, load_file
 from trainer.data.dataset import SyntheticStream
@@ -140,14 +140,6 @@ def _cfg(run, step: str, **kw) -> TrainConfig:
     )  # fmt: skip
 
 
-def _final(run) -> dict:
-    step = catalog.step_dir(run, 4)
-    return {
-        name: {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(step / name)).items()}
-        for name in (catalog.WEIGHTS, catalog.OPTIMIZER)
-    }
-
-
 @pytest.mark.parametrize("first, then", [("flat", "per-tensor"), ("per-tensor", "flat")])
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
 def test_a_checkpoint_resumes_in_the_other_step_to_the_same_weights(
@@ -162,7 +154,7 @@ def test_a_checkpoint_resumes_in_the_other_step_to_the_same_weights(
     assert train(_cfg(mixed, first, precision=precision, stop_at=2), cluster) == 0
     resume = catalog.step_dir(mixed, 2)
     assert train(_cfg(mixed, then, precision=precision), Cluster(OneRank()), resume=resume) == 0
-    want, got = _final(straight), _final(mixed)
+    want, got = saved(straight, 4), saved(mixed, 4)
     for name in want:
         assert want[name].keys() == got[name].keys(), name
         for k in want[name]:

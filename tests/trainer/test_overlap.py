@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from tests.support.tiny_run import OneRank
+from tests.support.tiny_run import OneRank, saved
 from trainer.checkpoint import catalog
 from trainer.config import TrainConfig
 from trainer.data.dataset import SyntheticStream
@@ -135,14 +135,6 @@ def _cfg(run, overlap: str, **kw) -> TrainConfig:
     )  # fmt: skip
 
 
-def _final(run) -> dict:
-    step = catalog.step_dir(run, 6)
-    return {
-        name: {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(step / name)).items()}
-        for name in (catalog.WEIGHTS, catalog.OPTIMIZER)
-    }
-
-
 def test_train_with_overlap_resumes_to_the_weights_of_one_run(tmp_path):
     """fleet train --overlap on: 3 updates, stopped, and 3 more resumed end in the weights and
     optimizer state of --overlap off's 6 in one run, bit for bit."""
@@ -151,7 +143,7 @@ def test_train_with_overlap_resumes_to_the_weights_of_one_run(tmp_path):
     assert train(_cfg(parted, "on", stop_at=3), Cluster(OneRank())) == 0
     resume = catalog.step_dir(parted, 3)
     assert train(_cfg(parted, "on"), Cluster(OneRank()), resume=resume) == 0
-    want, got = _final(straight), _final(parted)
+    want, got = saved(straight, 6), saved(parted, 6)
     for name in want:
         assert want[name].keys() == got[name].keys(), name
         for k in want[name]:
