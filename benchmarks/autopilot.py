@@ -21,7 +21,9 @@ slowdown schedule, known afterwards, makes fastest, measured in its own run); an
 (the best split of each phase, switched at the right update: each phase's updates taken from
 a run of that phase's split). Throughput counts updates 5 on (the first compile is nobody's).
 Reaction: updates run on the old split after a change of the schedule. Moves between equal
-ranks: samples moved from a rank to one whose (simulated) cost did not make it faster.
+ranks: samples moved from a rank to one whose (simulated) cost did not make it faster, under
+any fixed part of a rank's compute (`unjustified`; the simulator knows its fixed part and
+counts by it).
 Runs are interleaved across repeats, so a busy spell of the machine hits every arm alike.
 """
 
@@ -135,23 +137,26 @@ def throughput(result: dict, steps) -> float:
 
 
 def unjustified(changes, factors_at) -> int:
-    """Samples moved to a rank that the schedule did not make faster than the giver."""
+    """Samples moved to a rank that the schedule did not make faster than the giver, whatever
+    a rank's fixed compute (f samples: a rank costs factor x (f + batch), f >= 0 unknown):
+    the giver was no slower per sample, and no slower at f = 0 either."""
     n = 0
     for step, old, new in changes:
         f = factors_at(step)
         for d in range(len(old)):
             for t in range(len(old)):
-                if new[d] < old[d] and new[t] > old[t] and f[d] * old[d] <= f[t] * new[t]:
+                moved = new[d] < old[d] and new[t] > old[t]
+                if moved and f[d] <= f[t] and f[d] * old[d] <= f[t] * new[t]:
                     n += 1
     return n
 
 
 def simulated(
-    seeds: int, noise: pilot_sim.Noise, equal_updates: int, fixed_samples: float = 0.0
+    seeds: int, noise: pilot_sim.Noise, equal_updates: int, fixed_samples: float | None = None
 ) -> dict:
     """The same scenarios in tests/support/pilot_sim.py (no ranks): the pilot (told
-    `fixed_samples` of fixed compute a rank) against the best fixed split and the oracle under the
-    same noise, each over updates FROM on."""
+    `fixed_samples` of fixed compute a rank, or reading it: None) against the best fixed
+    split and the oracle under the same noise, each over updates FROM on."""
     c = 0.05  # a cost per sample (s): only ratios matter
     out: dict = {}
     for name, (slow, total, updates) in SCENARIOS.items():
@@ -183,7 +188,10 @@ def simulated(
                 {
                     "vs_best_fixed": fixed / mine,
                     "vs_oracle": oracle / mine,
-                    "reactions": [pilot_sim.reaction(flown, at) for at, _ in phases[1:]],
+                    "reactions": [
+                        pilot_sim.reaction(flown, at, costs, end, noise)
+                        for at, end in zip(bounds[1:], bounds[2:], strict=False)
+                    ],
                     "changes": len(flown.changes),
                     "moves_between_equal_ranks": len(flown.unjustified),
                 }
@@ -217,6 +225,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--equal-updates", type=int, default=500)
     ap.add_argument("--only", default=",".join([*SCENARIOS, "equal"]))
+    ap.add_argument(
+        "--plan-fixed",
+        type=lambda text: [float(f) for f in text.split(",")],
+        default=[0.0, 6.0],
+        help="fixed parts of a rank's compute (samples) to plan the hindsight splits with; "
+        "each plan's splits are run fixed (default 0,6: none, and this box's, measured by "
+        "benchmarks/rank_noise.py)",
+    )
     ap.add_argument("--out", default="", help="the results JSON (its folder is made)")
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
@@ -230,9 +246,9 @@ def main() -> int:
     ap.add_argument(
         "--fixed-samples",
         type=float,
-        default=0.0,
+        default=None,
         help="--sim: the pilot is told a rank's fixed compute, in samples (Autopilot's "
-        "fixed_samples; pilot_sim.BOX has 6)",
+        "fixed_samples; pilot_sim.BOX has 6; default: it reads it from its moves)",
     )
     args = ap.parse_args()
     if args.sim:
@@ -264,29 +280,25 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
     data = tmp / "data"
     run_fleet("prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data))
-    noise = pilot_sim.Noise(shared=0, own=0, spikes=0, recompile=0)
     plans = {}
     for name, (slow, total, updates) in SCENARIOS.items():
         if name not in only:
             continue
         phases, factors_at = schedule(slow)
-        whole = range(FROM, updates)
-        best = list(pilot_sim.best_split(factors_at, 4, total, whole, noise))
         bounds = [p for p, _ in phases] + [updates]
-        arms = {"pilot": [total // 4] * 4, "even": [total // 4] * 4, "best": best}
-        parts = []
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            steps = range(max(a, FROM), b)
-            part = list(pilot_sim.best_split(factors_at, 4, total, range(a, b), noise))
-            cost = pilot_sim.expected(factors_at, part, range(a, b), noise)
-            for known in (arms["even"], best):  # a tie goes to a split that runs anyway
-                if pilot_sim.expected(factors_at, known, range(a, b), noise) <= cost:
-                    part = known
-                    break
-            parts.append((steps, part))
-        for i, (_, split) in enumerate(parts):  # a phase's split not run already (fixed)
-            if split not in [s for arm, s in arms.items() if arm != "pilot"]:
-                arms[f"phase{i}"] = split
+        parts = [range(max(a, FROM), b) for a, b in zip(bounds, bounds[1:], strict=False)]
+        # The candidates for hindsight: for each fixed part planned with, the split best over
+        # the whole run and each phase's best (noise-free). Each is run fixed; the best fixed
+        # split is the one that measured fastest, each phase's oracle the fastest over it.
+        arms = {"pilot": [total // 4] * 4, "even": [total // 4] * 4}
+        for fixed in args.plan_fixed:
+            noise = pilot_sim.Noise(shared=0, own=0, spikes=0, recompile=0, fixed_samples=fixed)
+            phase_spans = (range(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
+            spans = [range(FROM, updates), *phase_spans]
+            for span in spans:
+                split = list(pilot_sim.best_split(factors_at, 4, total, span, noise))
+                if split not in list(arms.values())[1:]:
+                    arms[",".join(map(str, split))] = split
         plans[name] = (slow, updates, factors_at, phases, parts, arms)
     results: dict = {
         name: {arm: [None] * args.repeats for arm in plan[5]} for name, plan in plans.items()
@@ -377,10 +389,12 @@ def summarize(plans, results, equal_updates) -> dict:
                 steps = [s for s in steps if s in r["update_s"]]
                 return sum(r["tokens"][s] for s in steps), sum(r["update_s"][s] for s in steps)
 
+            fixed_arms = [a for a in arms if a != "pilot"]
+            best = max(fixed_arms, key=lambda a: throughput(results[name][a][rep], whole))
             tokens = seconds = 0.0
-            for steps, split in parts:
-                arm = next(a for a, s in arms.items() if s == split and a != "pilot")
-                t, s = measured(arm, steps)
+            for steps in parts:  # each phase's fastest fixed split, as if switched to in time
+                phase = [measured(a, steps) for a in fixed_arms]
+                t, s = max(phase, key=lambda ts: ts[0] / ts[1])
                 tokens, seconds = tokens + t, seconds + s
             reactions = []
             for at, _ in phases[1:]:
@@ -388,7 +402,8 @@ def summarize(plans, results, equal_updates) -> dict:
                 reactions.append(after[0] - at if after else None)
             rows.append(
                 {
-                    "vs_best_fixed": mine / throughput(results[name]["best"][rep], whole),
+                    "best_fixed": best,
+                    "vs_best_fixed": mine / throughput(results[name][best][rep], whole),
                     "vs_oracle": mine / (tokens / seconds),
                     "vs_even": mine / throughput(results[name]["even"][rep], whole),
                     "reactions": reactions,
@@ -407,8 +422,8 @@ def summarize(plans, results, equal_updates) -> dict:
 
         summary[name] = {
             "schedule": slow,
-            "best_fixed": arms["best"],
-            "oracle_splits": [s for _, s in parts],
+            "arms": {a: s for a, s in arms.items() if a != "pilot"},
+            "best_fixed": [r["best_fixed"] for r in rows],
             "vs_best_fixed": spread("vs_best_fixed"),
             "vs_oracle": spread("vs_oracle"),
             "vs_even": spread("vs_even"),

@@ -5,9 +5,11 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
 
 - **Rebalance** to the split the balancer (telemetry/balance.py) predicts fastest from each
   rank's cost per sample (trainer/costs.py: relative to its peers, in regimes, with a
-  standard error). Of the splits that fast, it takes the nearest to the current one (fewest
-  samples moved), and moves only when every sample goes from a rank clearly slower than
-  where it lands, the gain is at least `min_gain` and beyond what the noise explains, and
+  standard error) and the fixed part of every rank's compute (trainer/fixed_part.py: read
+  from the split's own changes; it steers by the least the figures show). Of the splits that
+  fast, it takes the nearest to the current one (fewest samples moved), and moves only when
+  every sample goes from a rank clearly slower than where it lands under every fixed part
+  the figures allow, the gain is at least `min_gain` and beyond what the noise explains, and
   the same split was proposed at two boundaries in a row. After a change it waits
   `cooldown` updates, unless a rank's cost moved since (a new regime): a sustained change is
   then followed within about `Costs.recent` + 3 updates. The global batch never changes, so
@@ -30,7 +32,8 @@ from typing import Any
 
 from telemetry import balance
 from telemetry.units import GiB, MiB
-from trainer.costs import Costs
+from trainer.costs import Costs, Estimate
+from trainer.fixed_part import FixedPart
 
 SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
@@ -76,9 +79,8 @@ class Autopilot:
     headroom: float = 0.15
     # A rank's compute that does not grow with its batch (a microstep's launch and Python
     # overhead), in samples of its own cost: a rank costs (fixed_samples + batch) of them.
-    # Read as 0 (none), a rank with more samples looks cheaper per sample than its peers and
-    # is given still more (benchmarks/RESULTS.md, session 7: about 6 on the 2-core box).
-    fixed_samples: float = 0.0
+    # None: read from the split's changes (trainer/fixed_part.py); a number: told.
+    fixed_samples: float | None = None
     pause_on_pressure: bool = False
 
     def __post_init__(self) -> None:
@@ -86,6 +88,7 @@ class Autopilot:
         # run is a compile and is not read.
         self.costs = Costs(self.world, window=max(20, 2 * self.window))
         self.costs.skip = set(range(self.world))
+        self.fixed_part = FixedPart(self.world)
         self.fresh: set[int] = set()  # ranks whose cost moved since the last change
         self.last_split: list[int] | None = None
         # Memory per sample, and swap: the last `window` updates since the last change.
@@ -98,6 +101,7 @@ class Autopilot:
         self.pressed_before: set[int] = set()
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
         self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
+        self.told_fixed = 0.0  # the fixed part the operator last heard of
 
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
@@ -113,8 +117,14 @@ class Autopilot:
             if f.local_batch > 0 and f.compute_s > 0:
                 self.samples[r].append(balance.RankSample(f.local_batch, f.compute_s, int(f.peak)))
             self.swaps[r].append(f.swap)
-        sizes = [b + self.fixed_samples for b in split]  # what a rank's compute is made of
-        self.fresh |= set(self.costs.add(sizes, [f.compute_s for f in figures]))
+        compute = [f.compute_s for f in figures]
+        self.fixed_part.add(split, compute)
+        self.costs.fixed = self.fixed()[0]
+        self._report_fixed(out)
+        moved = self.costs.add(split, compute)
+        if moved:  # what came before a rank's new cost tells nothing of the fixed part
+            self.fixed_part.shifted(self.costs.recent)
+        self.fresh |= set(moved)
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
         self.recent.append(slowest)
@@ -179,16 +189,24 @@ class Autopilot:
         self._changed(split, new, 0.0, sorted(self.recent)[len(self.recent) // 2])
 
     # --- speed --------------------------------------------------------------------------------
+    def fixed(self) -> tuple[float, float]:
+        """The fixed part in samples that the pilot steers by, and the most the figures
+        allow: told, or read from the split's changes (the least they show; 0 before any)."""
+        if self.fixed_samples is not None:
+            return self.fixed_samples, self.fixed_samples
+        read = self.fixed_part.reading()
+        return (read.least, read.most) if read else (0.0, 0.0)
+
     def _models(self) -> list[balance.RankModel]:
-        """Each rank's model for the balancer: compute proportional to the batch, at its
-        relative cost per sample (trainer/costs.py); memory per sample from the medians of
-        its recent updates."""
+        """Each rank's model for the balancer: compute of its relative cost per sample
+        (trainer/costs.py) x (the fixed part + its batch); memory per sample from the medians
+        of its recent updates."""
         models = []
         for r, samples in enumerate(self.samples):
             est = self.costs.estimate(r)
             per_mem = statistics.median(s.peak_mem / s.local_batch for s in samples)
             cost = est.cost if est is not None else 1.0
-            fixed = cost * self.fixed_samples
+            fixed = cost * self.costs.fixed
             models.append(balance.RankModel(r, fixed, cost, 0, int(per_mem), None, 0, True))
         return models
 
@@ -209,7 +227,7 @@ class Autopilot:
 
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
-        fixed = self.fixed_samples
+        fixed, most = self.fixed()
         est = [self.costs.estimate(r) for r in range(self.world)]
         if any(e is None or e.n < MIN_FIGURES for e in est):
             return split, 0.0, "too few figures"
@@ -236,28 +254,17 @@ class Autopilot:
         calm = self.since_change < self.cooldown and not self.fresh
         if gain < self.min_gain * (2 if calm else 1):
             return split, gain, "too little to gain"
-        # Every sample moved goes from a rank clearly slower than where it lands. Between
-        # ranks whose costs agree within the noise, only the batches can say so (the giver
-        # had more samples than the taker will): a swap between equals is never made.
-        donors = [r for r in range(self.world) if new[r] < split[r]]
-        takers = [r for r in range(self.world) if new[r] > split[r]]
-        for d in donors:
-            for t in takers:
-                noise = math.hypot(est[d].se, est[t].se)
-                young = min(est[d].n, est[t].n) < SETTLED
-                if young:  # a cost read from few figures: only clear evidence moves samples
-                    if math.log(before[d] / after[t]) < Z_YOUNG * noise:
-                        return split, gain, f"rank {d} is not clearly slower than rank {t}"
-                elif abs(math.log(costs[d] / costs[t])) < Z_AGREE * noise:
-                    if split[d] <= new[t]:
-                        return split, gain, f"ranks {d} and {t} cost the same within the noise"
-                elif before[d] <= after[t]:
-                    return split, gain, f"rank {t} would end slower than rank {d} began"
-        # ... and the gain is more than the noise of the two ranks that decide it
+        # The gain must be more than the noise of the two ranks that decide it.
         a = max(range(self.world), key=lambda r: before[r])
         c = max(range(self.world), key=lambda r: after[r])
         if a != c and math.log(before[a] / after[c]) < Z_GAIN * math.hypot(est[a].se, est[c].se):
             return split, gain, "a gain within the noise"
+        # Each sample must go to a rank that is faster under every fixed part the figures
+        # allow (the least is the strictest: it reads a taker's extra samples as dearest).
+        for f in sorted({fixed, most}):
+            why = unjustified(split, new, est, fixed, f)
+            if why:
+                return split, gain, why
         return new, gain, ""
 
     def _changed(self, old: list[int], new: list[int], gain: float, before: float | None) -> None:
@@ -274,6 +281,21 @@ class Autopilot:
             "before_s": before,
             "after": [],
         }
+
+    def _report_fixed(self, out: Decision) -> None:
+        """Tell the operator when the fixed part read from the changes moves (by a sample,
+        and a quarter)."""
+        read = self.fixed_part.reading() if self.fixed_samples is None else None
+        if read is None or abs(read.least - self.told_fixed) < max(1.0, self.told_fixed / 4):
+            return
+        self.told_fixed = read.least
+        text = (
+            f"a rank's fixed compute (not growing with its batch) reads as at least "
+            f"{read.least:.1f} samples' worth (best fit {read.best:.1f}, at most "
+            f"{read.most:.1f}; from {read.changes} split change(s))"
+        )
+        data = {"least": read.least, "best": read.best, "most": read.most}
+        out.events.append(("autopilot", text, data))
 
     def _report_effect(self, slowest: float, out: Decision) -> None:
         """`window` updates after a change, say what it measurably did."""
@@ -294,6 +316,38 @@ class Autopilot:
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
         out.events.append(("autopilot", text, data))
+
+
+def unjustified(
+    split: list[int], new: list[int], est: list[Estimate], read_at: float, fixed: float
+) -> str:
+    """Why some sample of the move from `split` to `new` would not go from a rank clearly
+    slower than where it lands, were the fixed part `fixed` samples (the estimates were read
+    at `read_at`), or "" when none."""
+    world = len(split)
+    # a rank's time does not depend on the fixed part it is read at; its cost per sample does
+    raw = [e.cost * (read_at + b) / (fixed + b) for e, b in zip(est, split, strict=True)]
+    costs = pooled(raw, [e.se for e in est])
+    before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
+    after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
+    donors = [r for r in range(world) if new[r] < split[r]]
+    takers = [r for r in range(world) if new[r] > split[r]]
+    for d in donors:
+        for t in takers:
+            noise = math.hypot(est[d].se, est[t].se)
+            young = min(est[d].n, est[t].n) < SETTLED
+            if young:  # a cost read from few figures: only clear evidence moves samples
+                if math.log(before[d] / after[t]) < Z_YOUNG * noise:
+                    return f"rank {d} is not clearly slower than rank {t}"
+            elif abs(math.log(costs[d] / costs[t])) < Z_AGREE * noise:
+                # Between ranks whose costs agree within the noise, only the batches can say
+                # so (the giver had more samples than the taker will): a swap between equals
+                # is never made.
+                if split[d] <= new[t]:
+                    return f"ranks {d} and {t} cost the same within the noise"
+            elif before[d] <= after[t]:
+                return f"rank {t} would end slower than rank {d} began"
+    return ""
 
 
 def nearest(

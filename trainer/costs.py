@@ -14,8 +14,11 @@ Three things make the figures of one update a poor guide, each answered here:
   and at least `min_shift`), a new regime starts with them: a change is read within
   `recent` updates instead of being averaged with the past.
 
-An estimate carries its standard error, so that the autopilot acts only on differences the
-noise cannot explain. Pure Python (no mlx).
+A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
+grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are
+kept as measured, so that a new reading re-reads every regime. An estimate carries its
+standard error, so that the autopilot acts only on differences the noise cannot explain. Pure
+Python (no mlx).
 """
 
 from __future__ import annotations
@@ -55,33 +58,64 @@ class Costs:
         self.world, self.window, self.recent = world, max(window, recent + 2), recent
         self.z, self.min_shift = z, min_shift
         self.confirm = recent + 1
-        self.regimes: list[deque[float]] = [deque(maxlen=self.window) for _ in range(world)]
+        # Each regime holds update numbers; an update's figures are kept raw, so that a new
+        # reading of the fixed part (`fixed`) re-reads every cost from what was measured.
+        self.regimes: list[deque[int]] = [deque(maxlen=self.window) for _ in range(world)]
+        self.figures: dict[int, tuple[Sequence[int], Sequence[float]]] = {}
+        self.values: dict[int, list[float]] = {}  # relative log cost per sample, at `fixed`
+        self.updates = 0
+        self._fixed = 0.0
         self.shifted = [False] * world  # whether a rank's regime began with a shift
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
 
+    @property
+    def fixed(self) -> float:
+        """A rank's compute that does not grow with its batch, in samples of its own cost:
+        a rank at batch b costs (fixed + b) of them (trainer/fixed_part.py reads it)."""
+        return self._fixed
+
+    @fixed.setter
+    def fixed(self, samples: float) -> None:
+        if samples != self._fixed:
+            self._fixed = samples
+            self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+
     def add(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[int]:
         """One update's figures; returns the ranks whose cost just moved (a new regime)."""
-        logs = [
-            math.log(c / b) if b > 0 and c > 0 else None
-            for b, c in zip(batches, compute_s, strict=True)
-        ]
-        valid = [v for v in logs if v is not None]
-        if len(valid) < len(logs) or not valid:
+        if not all(b > 0 and c > 0 for b, c in zip(batches, compute_s, strict=True)):
             return []  # an update some rank did not measure: nothing to compare with
-        common = statistics.median(valid)
+        u, self.updates = self.updates, self.updates + 1
+        self.figures[u] = (tuple(batches), tuple(compute_s))
+        self.values[u] = self._value(batches, compute_s)
         moved = []
-        for r, v in enumerate(logs):
+        for r in range(self.world):
             if r in self.skip:
                 self.skip.discard(r)
                 continue
-            self.regimes[r].append(v - common)
+            self.regimes[r].append(u)
             if self._shifted(r):
                 kept = list(self.regimes[r])[-self.recent :]
                 self.regimes[r].clear()
                 self.regimes[r].extend(kept)
                 self.shifted[r] = True
                 moved.append(r)
+        self._forget()
         return moved
+
+    def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
+        """Each rank's log cost per sample minus the median rank's: what all share cancels."""
+        logs = [math.log(c / (b + self._fixed)) for b, c in zip(batches, compute_s, strict=True)]
+        common = statistics.median(logs)
+        return [v - common for v in logs]
+
+    def _forget(self) -> None:
+        """Drop the figures no regime holds any more."""
+        held = {u for q in self.regimes for u in q}
+        for u in [u for u in self.figures if u not in held and u < self.updates - 1]:
+            del self.figures[u], self.values[u]
+
+    def _regime(self, r: int) -> list[float]:
+        return [self.values[u][r] for u in self.regimes[r]]
 
     def confirmed(self, r: int) -> bool:
         """Whether rank r's regime can be acted on: the figures that showed a shift were
@@ -106,14 +140,14 @@ class Costs:
     def sigma(self, r: int) -> float:
         """The log-scatter of one figure of rank r: its own once it has enough, never below
         the ranks' pooled one (four figures' MAD is itself noise)."""
-        own = [_spread(list(q)) for q in self.regimes if len(q) >= MIN_SPREAD_N]
+        own = [_spread(self._regime(q)) for q in range(self.world) if self.n(q) >= MIN_SPREAD_N]
         pooled = statistics.median(own) if own else SIGMA_PRIOR
-        mine = _spread(list(self.regimes[r])) if self.n(r) >= MIN_SPREAD_N else pooled
+        mine = _spread(self._regime(r)) if self.n(r) >= MIN_SPREAD_N else pooled
         return max(mine, pooled, SIGMA_FLOOR)
 
     def estimate(self, r: int) -> Estimate | None:
         """Rank r's relative cost per sample in its regime, or None without figures."""
-        q = list(self.regimes[r])
+        q = self._regime(r)
         if not q:
             return None
         sigma = self.sigma(r)
@@ -123,7 +157,7 @@ class Costs:
         )
 
     def _shifted(self, r: int) -> bool:
-        q = list(self.regimes[r])
+        q = self._regime(r)
         if len(q) < self.recent + 3:
             return False
         ref, new = q[: -self.recent], q[-self.recent :]

@@ -123,8 +123,10 @@ def fly(
                 for d in range(len(split)):
                     for r in range(len(split)):
                         moved = new[d] < split[d] and new[r] > split[r]
-                        # a move the true costs do not justify
-                        if moved and costs[d] * split[d] <= costs[r] * new[r] * (1 + 1e-9):
+                        # a move the true costs (fixed part included) do not justify: the
+                        # giver was not slower than the taker will be
+                        giver = compute(costs[d], split[d], 1.0, noise)
+                        if moved and giver <= compute(costs[r], new[r], 1.0, noise) * (1 + 1e-9):
                             out.unjustified.append((t, d, r))
                 split = new
         costs = schedule(t)
@@ -170,9 +172,14 @@ def measured(schedule: Schedule, split: Sequence[int], steps: range, mult, noise
 
 
 def best_split(schedule: Schedule, world: int, total: int, steps: range, noise: Noise):
-    """The split hindsight of the costs picks for `steps` (noise-free), ties broken by rank
-    order as the balancer breaks them."""
-    return min(splits_of(total, world), key=lambda s: expected(schedule, s, steps, noise))
+    """The split hindsight of the costs picks for `steps` (noise-free); of splits as fast,
+    the nearest to even (then the first in rank order)."""
+    splits = splits_of(total, world)
+    times = [expected(schedule, s, steps, noise) for s in splits]
+    least = min(times)
+    even = total / world
+    fast = [s for s, t in zip(splits, times, strict=True) if t <= least * (1 + 1e-9)]
+    return min(fast, key=lambda s: sum(abs(b - even) for b in s))
 
 
 def best_fixed(
@@ -212,7 +219,20 @@ def oracle(
     return total_s
 
 
-def reaction(out: Outcome, at: int) -> int | None:
-    """Updates from a change of costs at `at` to the first update under a new split."""
+def reaction(
+    out: Outcome,
+    at: int,
+    schedule: Schedule | None = None,
+    end: int = 0,
+    noise: Noise | None = None,
+) -> int | str | None:
+    """Updates from a change of costs at `at` to the first update under a new split (None:
+    never). Given the schedule, the phase's end and the noise: "kept" where the split in place
+    was already within 2% of the phase's best (noise-free), so that there was nothing to do."""
+    if schedule is not None:
+        noise, steps, split = noise or Noise(), range(at, end), out.splits[at]
+        best = best_split(schedule, len(split), sum(split), steps, noise)
+        if expected(schedule, split, steps, noise) <= 1.02 * expected(schedule, best, steps, noise):
+            return "kept"
     after = [t for t, _, _ in out.changes if t >= at]
     return after[0] - at if after else None

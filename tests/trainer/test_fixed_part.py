@@ -1,0 +1,70 @@
+"""The fixed part of a rank's compute, read from changes of the split (fast: figures made
+with the noise measured on real ranks, tests/support/pilot_sim.py)."""
+
+from __future__ import annotations
+
+import statistics
+
+from tests.support import pilot_sim
+from trainer.fixed_part import FixedPart
+
+COSTS = [1.0, 3.0, 1.0, 1.0]  # rank 1 three times as slow
+BEFORE, AFTER = (4, 4, 4, 4), (5, 2, 5, 4)  # the move a pilot makes for it
+
+
+def read(fixed: float, seed: int, cost_after=None, before=8, after=8):
+    """A FixedPart fed `before` updates at BEFORE, then `after` at AFTER (the first of them a
+    recompile), with BOX's noise and a fixed part of `fixed` samples."""
+    noise = pilot_sim.Noise(**{**pilot_sim.BOX.__dict__, "fixed_samples": fixed})
+    mult = pilot_sim.draws(4, before + after, noise, seed)
+    part = FixedPart(4)
+    for t in range(before + after):
+        split = BEFORE if t < before else AFTER
+        costs = cost_after(t - before) if cost_after and t >= before else COSTS
+        times = [
+            pilot_sim.compute(c, b, mult[t][r], noise)
+            for r, (c, b) in enumerate(zip(costs, split, strict=True))
+        ]
+        if t == before:
+            times = [x * (1 + noise.recompile) for x in times]
+        part.add(split, times)
+    return part.reading()
+
+
+def test_nothing_is_read_before_the_split_changes():
+    part = FixedPart(2)
+    for _ in range(20):
+        part.add([4, 4], [1.0, 1.1])
+    assert part.reading() is None
+
+
+def test_a_change_of_the_split_reads_the_fixed_part():
+    readings = [read(6.0, seed) for seed in range(30)]
+    assert all(r is not None and r.changes == 1 for r in readings)
+    inside = sum(r.least <= 6.0 <= r.most for r in readings)
+    assert inside >= 24, [(r.least, r.most) for r in readings]
+    assert 4.0 <= statistics.median(r.best for r in readings) <= 9.0
+    # the least is what a pilot steers by: above 0 where the figures show a fixed part
+    assert sum(r.least > 1.0 for r in readings) >= 24
+
+
+def test_where_there_is_no_fixed_part_it_reads_none():
+    readings = [read(0.0, seed) for seed in range(30)]
+    assert sum(r.least == 0.0 for r in readings) >= 28, [r.least for r in readings]
+    assert statistics.median(r.most for r in readings) < 1.0
+
+
+def test_a_cost_that_moves_after_a_change_is_not_read_as_the_fixed_part():
+    """Rank 1 gets 1.5x slower 4 updates after the change (its time rises where its batch
+    fell): read whole, the after window says its samples cost nothing (a huge fixed part)."""
+
+    def slower(t):
+        return [1.0, 4.5 if t >= 4 else 3.0, 1.0, 1.0]
+
+    readings = [read(0.0, seed, slower, after=12) for seed in range(20)]
+    leasts = [r.least for r in readings if r is not None]
+    assert sum(least < 1.0 for least in leasts) >= len(leasts) - 2, leasts
+
+
+def test_too_few_updates_before_a_change_are_not_read():
+    assert read(6.0, 0, before=3) is None

@@ -1,0 +1,188 @@
+"""The fixed part of a rank's compute (what does not grow with its batch), read from the moves.
+
+A rank's compute in an update is about `cost x (fixed + batch)`: the fixed part is a
+microstep's launch, its Python, and on a shared machine the time a rank waits for a core. In
+samples of the rank's own cost it is 0 for a big model on its own machine and was about 6 for
+four ranks on this project's 2-core box (benchmarks/RESULTS.md, session 7). Read as 0 where
+it is not, a rank with few samples looks dear per sample: it is given fewer still, and when
+it recovers the pilot does not see it.
+
+Nothing measures it directly, but every change of the split does: a rank whose batch went
+from b1 to b2 and whose cost did not change took `(F + b2) / (F + b1)` as long. Each update's
+log compute times are taken relative to the update's mean (what all ranks share cancels),
+the medians of the `window` updates before a change and after it (its first update
+recompiles and is not read) give each rank's change, and the F that explains every rank's
+change over the last `moves` changes best (a robust least squares, in standard errors) is
+the best fit, with the range of F the figures do not rule out. Pure Python (no mlx).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+MIN_BEFORE = 4  # updates under a split before a change of it can be read
+MIN_AFTER = 3  # updates after a change before it is read (provisionally, until `window`)
+CAP = 3.0  # standard errors beyond which a rank's change counts no more (its cost moved)
+MIN_SHIFT = math.log(1.25)  # a window whose halves differ by this much holds a cost shift
+CHI2 = 3.84  # the score's rise that bounds the range (95% for one parameter)
+SIGMA_FLOOR = 0.03  # no machine is steadier than this (log units)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The fixed part in samples: the least and the most the figures allow, and their best
+    fit. A pilot steers by the least: where the figures say little, that is the 0 it assumed
+    before it had any (a fixed part read too large makes every move look futile)."""
+
+    least: float
+    best: float
+    most: float
+    changes: int  # split changes read
+
+
+@dataclass
+class _Change:
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    rows_before: list[list[float]]
+    rows_after: list[list[float]] = field(default_factory=list)
+
+
+class FixedPart:
+    """Reads the fixed part from the split changes it is shown (see the module docstring)."""
+
+    def __init__(self, world: int, window: int = 8, moves: int = 8, upto: float = 64.0) -> None:
+        self.world, self.window = world, window
+        self.changes: deque[_Change] = deque(maxlen=moves)
+        self.open: _Change | None = None  # the last change, its updates after still coming
+        self.rows: deque[list[float]] = deque(maxlen=window)  # under the current split
+        self.split: tuple[int, ...] | None = None
+        self.skip = False
+        # 0, then a geometric ladder to `upto` (a quarter-octave apart)
+        self.grid = [0.0] + [upto * 2 ** (-k / 4) for k in range(40, -1, -1)]
+        self._reading: Reading | None = None
+
+    def add(self, split: Sequence[int], compute_s: Sequence[float]) -> None:
+        """One update's batches and compute times."""
+        split = tuple(split)
+        if split != self.split:
+            self._close()
+            if self.split is not None and len(self.rows) >= MIN_BEFORE:
+                self.open = _Change(self.split, split, list(self.rows))
+            self.rows.clear()
+            self.split, self.skip = split, True
+        if self.skip or not all(c > 0 for c in compute_s):
+            self.skip = False  # the first update at a new split recompiles
+            return
+        logs = [math.log(c) for c in compute_s]
+        mean = statistics.fmean(logs)
+        row = [v - mean for v in logs]
+        self.rows.append(row)
+        if self.open is not None:
+            self.open.rows_after.append(row)
+            if len(self.open.rows_after) >= MIN_AFTER:
+                self._reading = None
+            if len(self.open.rows_after) >= self.window:
+                self._close()
+
+    def shifted(self, keep: int) -> None:
+        """A rank's cost moved: only the last `keep` updates are of its new regime."""
+        while len(self.rows) > keep:
+            self.rows.popleft()
+
+    def reading(self) -> Reading | None:
+        """The fixed part the changes read so far point to, or None before any."""
+        if self._reading is None:
+            self._reading = self._fit()
+        return self._reading
+
+    def _close(self) -> None:
+        if self.open is not None and len(self.open.rows_after) >= MIN_AFTER:
+            self.changes.append(self.open)
+        self.open, self._reading = None, None
+
+    def _windows(self, c: _Change, sigma: float) -> tuple[list, list] | None:
+        """The updates before and after a change that hold one cost a rank: a window whose
+        halves disagree (a cost moved in it) keeps the half nearest the change; None if
+        that does not settle it. A cost that moved there would be read as the fixed part."""
+        before, after = c.rows_before, c.rows_after
+        if not _steady(before, sigma):
+            before = before[len(before) // 2 :]
+        if not _steady(after, sigma):
+            after = after[: len(after) // 2]
+        if min(len(before), len(after)) < MIN_AFTER:
+            return None
+        return (before, after) if _steady(before, sigma) and _steady(after, sigma) else None
+
+    def _fit(self) -> Reading | None:
+        changes = list(self.changes)
+        if self.open is not None and len(self.open.rows_after) >= MIN_AFTER:
+            changes.append(self.open)
+        if not changes:
+            return None
+        sigma = _scatter([w for c in changes for w in (c.rows_before, c.rows_after)])
+        terms = []  # (a rank's measured change, its standard error, its batches, the rank)
+        read = 0
+        for c in changes:
+            windows = self._windows(c, sigma)
+            if windows is None:
+                continue
+            before, after = windows
+            read += 1
+            se = 1.2533 * sigma * math.sqrt(1 / len(before) + 1 / len(after))
+            for r in range(self.world):
+                moved = _median(after, r) - _median(before, r)
+                terms.append((moved, se, c.before, c.after, r))
+        if not terms:
+            return None
+
+        def score(f: float) -> float:
+            total = 0.0
+            for moved, se, b1, b2, r in terms:
+                predicted = _relative(b2, f, r) - _relative(b1, f, r)
+                total += min(((moved - predicted) / se) ** 2, CAP * CAP)
+            return total
+
+        scores = [score(f) for f in self.grid]
+        least = min(scores)
+        inside = [f for f, s in zip(self.grid, scores, strict=True) if s - least <= CHI2]
+        best = self.grid[scores.index(least)]
+        return Reading(min(inside), best, max(inside), read)
+
+
+def _relative(batches: tuple[int, ...], f: float, r: int) -> float:
+    """log(f + b_r) less its mean over the ranks: a rank's share of an update, in log time."""
+    logs = [math.log(f + b) for b in batches]
+    return logs[r] - statistics.fmean(logs)
+
+
+def _median(rows: list[list[float]], r: int) -> float:
+    return statistics.median(row[r] for row in rows)
+
+
+def _scatter(windows: list[list[list[float]]]) -> float:
+    """The robust log-scatter of one figure about its rank's median in its window (1.4826
+    MAD, pooled over the windows)."""
+    devs = []
+    for rows in windows:
+        for r in range(len(rows[0])):
+            mid = _median(rows, r)
+            devs += [abs(row[r] - mid) for row in rows]
+    return max(1.4826 * statistics.median(devs), SIGMA_FLOOR)
+
+
+def _steady(rows: list[list[float]], sigma: float) -> bool:
+    """Whether every rank's first and second half of `rows` agree within the noise."""
+    half = len(rows) // 2
+    if half < 3:
+        return True  # too few to tell
+    first, second = rows[:half], rows[-half:]
+    se = 1.2533 * sigma * math.sqrt(2 / half)
+    return all(
+        abs(_median(second, r) - _median(first, r)) < max(MIN_SHIFT, 3 * se)
+        for r in range(len(rows[0]))
+    )
