@@ -1,12 +1,15 @@
-"""Two checkouts' autopilots on real local ranks, interleaved: the `moving16` scenario.
+"""Two checkouts' autopilots on real local ranks, interleaved, in benchmarks/autopilot.py's
+scenarios (default `moving16`).
 
     git worktree add /tmp/old <commit>
     python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 2
+    python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 3 --scenarios moving16,transient16
 
-Four CPU ranks over ring (as benchmarks/autopilot.py: depth 2, width 128, rank 0 twice as
-slow, then rank 2 three times as slow from update 50), 100 updates, `--autopilot` on, each
-tree running its own trainer; the trees alternate in each repeat so a busy spell of the
-machine hits both. Prints one JSON line a run: tokens/s from update 5 on, and the moves.
+Four CPU ranks over ring (as benchmarks/autopilot.py: depth 2, width 128, its slowdown
+schedules), `--autopilot` on, each tree running its own trainer; the trees alternate in each
+repeat so a busy spell of the machine hits both. Prints one JSON line a run: tokens/s from
+update 5 on, the moves, and the samples moved between ranks that the schedule did not make
+faster (autopilot.unjustified).
 """
 
 from __future__ import annotations
@@ -19,41 +22,48 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopilot import FROM, MODEL, SCENARIOS  # the model and moving16's schedule
-
-SLOW = SCENARIOS["moving16"][0]
+from autopilot import FROM, MODEL, SCENARIOS, schedule, unjustified
 
 
-def one(tree: Path, data: Path, out: Path) -> dict:
+def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
     """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
+    slow, total, updates = SCENARIOS[scenario]
+    split = ",".join([str(total // 4)] * 4)
     code = f"""
 import json, sys, time
 sys.path.insert(0, {str(tree)!r})
 from telemetry.arrowlog import read_events, read_updates
 from tests.support.fleet import launch_args, run_fleet
-train = ("--local-batches", "4,4,4,4", "--updates", "100", *{MODEL!r}, "--device", "cpu",
-         "--telemetry-port-base", "0", "--log-every", "1000", "--simulate-slowdown", {SLOW!r},
-         "--autopilot")
+train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
+         "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000",
+         "--simulate-slowdown", {slow!r}, "--autopilot")
 run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
           timeout=900)
 rows = [r for r in read_updates({str(out)!r}, 0).to_pylist() if r["step"] >= {FROM}]
-moves = [(e.step, e.data.get("to")) for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
+moves = [(e.step, e.data.get("from"), e.data.get("to"))
+         for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
 tokens, seconds = sum(r["update_tokens"] for r in rows), sum(r["update_s"] for r in rows)
 print(json.dumps({{"tok_s": tokens / seconds, "moves": moves}}))
 """
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    head = {"scenario": scenario, "tree": str(tree)}
     if proc.returncode != 0:
-        return {"tree": str(tree), "error": proc.stderr[-1500:]}
+        return {**head, "error": proc.stderr[-1500:]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"tree": str(tree), **res, "wall_s": round(time.monotonic() - t0, 1)}
+    judged = unjustified(res["moves"], schedule(slow)[1])
+    return {**head, **res, "unjustified": judged, "wall_s": round(time.monotonic() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trees", nargs=2, required=True, help="two checkouts to compare")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--scenarios", default="moving16", help=f"of {', '.join(SCENARIOS)}")
     a = p.parse_args(argv)
+    scenarios = a.scenarios.split(",")
+    if set(scenarios) - set(SCENARIOS):
+        p.error(f"--scenarios: unknown {sorted(set(scenarios) - set(SCENARIOS))}")
     trees = [Path(t).resolve() for t in a.trees]
     tmp = Path(tempfile.mkdtemp(prefix="fleet-pilot-ab-"))
     data = tmp / "data"
@@ -63,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         check=True, capture_output=True, cwd=trees[0],
     )  # fmt: skip
     for rep in range(a.repeats):
-        for i, tree in enumerate(trees if rep % 2 == 0 else trees[::-1]):
-            print(json.dumps(one(tree, data, tmp / f"run-{rep}-{i}")), flush=True)
+        for name in scenarios:
+            for i, tree in enumerate(trees if rep % 2 == 0 else trees[::-1]):
+                out = tmp / f"run-{name}-{rep}-{i}"
+                print(json.dumps(one(tree, data, out, name)), flush=True)
     return 0
 
 
