@@ -283,8 +283,8 @@ class Autopilot:
         }
 
     def _report_fixed(self, out: Decision) -> None:
-        """Tell the operator when the fixed part read from the changes moves (by a sample,
-        and a quarter)."""
+        """Tell the operator when the fixed part read from the changes moves (by at least a
+        sample, and a quarter of what they last heard)."""
         read = self.fixed_part.reading() if self.fixed_samples is None else None
         if read is None or abs(read.least - self.told_fixed) < max(1.0, self.told_fixed / 4):
             return
