@@ -16,10 +16,11 @@ compute per microstep), in four scenarios of 100 updates:
 - `gradual`:   rank 3 slower and slower: 1.5x from 25, 2x from 45, 3x from 65 (16);
 - `equal`:     no slowdown, 500 updates (16): the changes the autopilot made (target 0).
 
-Each against: the even split fixed; the best fixed split in hindsight (the split that the
-slowdown schedule, known afterwards, makes fastest, measured in its own run); and the oracle
-(the best split of each phase, switched at the right update: each phase's updates taken from
-a run of that phase's split). Throughput counts updates 5 on (the first compile is nobody's).
+Each against: the even split fixed; the best fixed split in hindsight (of the splits that the
+slowdown schedule, known afterwards, makes fastest over the run or over a phase, for each
+fixed part in --plan-fixed, each run fixed: the one that measured fastest); and the oracle
+(for each phase, the fastest of those runs over that phase's updates, as if switched to at
+the right update). Throughput counts updates 5 on (the first compile is nobody's).
 Reaction: updates run on the old split after a change of the schedule. Moves between equal
 ranks: samples moved from a rank to one whose (simulated) cost did not make it faster, under
 any fixed part of a rank's compute (`unjustified`; the simulator knows its fixed part and

@@ -51,6 +51,11 @@ class _Change:
     rows_before: list[list[float]]
     rows_after: list[list[float]] = field(default_factory=list)
 
+    @property
+    def ready(self) -> bool:
+        """Whether enough updates after it are in to read it (provisionally until `window`)."""
+        return len(self.rows_after) >= MIN_AFTER
+
 
 class FixedPart:
     """Reads the fixed part from the split changes it is shown (see the module docstring)."""
@@ -84,7 +89,7 @@ class FixedPart:
         self.rows.append(row)
         if self.open is not None:
             self.open.rows_after.append(row)
-            if len(self.open.rows_after) >= MIN_AFTER:
+            if self.open.ready:
                 self._reading = None
             if len(self.open.rows_after) >= self.window:
                 self._close()
@@ -101,7 +106,7 @@ class FixedPart:
         return self._reading
 
     def _close(self) -> None:
-        if self.open is not None and len(self.open.rows_after) >= MIN_AFTER:
+        if self.open is not None and self.open.ready:
             self.changes.append(self.open)
         self.open, self._reading = None, None
 
@@ -120,7 +125,7 @@ class FixedPart:
 
     def _fit(self) -> Reading | None:
         changes = list(self.changes)
-        if self.open is not None and len(self.open.rows_after) >= MIN_AFTER:
+        if self.open is not None and self.open.ready:
             changes.append(self.open)
         if not changes:
             return None

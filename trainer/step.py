@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -265,7 +265,9 @@ class Stepper:
         with self.limit.update(rows):  # resets the peak; auto may measure the live set
             return self._update(batches, lr, sequential, cluster, stage, key, ahead)
 
-    def _update(self, batches, lr, sequential, cluster, stage, key, ahead) -> UpdateFigures:
+    def _update(
+        self, batches: Iterator[mx.array], lr, sequential, cluster, stage, key, ahead
+    ) -> UpdateFigures:
         stage("compute")
         t_start = time.perf_counter()
         credit = 0.0  # this update's share of the time spent in the last one
@@ -273,7 +275,6 @@ class Stepper:
         ahead = ahead if sequential else None
         if sequential:
             acc = loss_sum = ntok = None  # the first microstep writes the accumulators
-            batches = iter(batches)
             if started is not None:  # its first microstep was built during the last step
                 next(batches, None)
                 credit = started.build_s

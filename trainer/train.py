@@ -61,6 +61,7 @@ def train(
 
     say(run.banner)
     run.announce()  # the `started` event (and `restarted`, when fleet launch relaunched it)
+    end = min(cfg.updates, cfg.stop_at) if cfg.stop_at else cfg.updates  # the last update + 1
     try:
         # Ctrl-C, SIGTERM and SIGHUP to any rank become a `stop` at the next boundary.
         with stop_on_signals(controller, say):
@@ -88,7 +89,6 @@ def train(
                 # with --overlap, the next update's first microstep started behind it)
                 run.seed(step)
                 lr = schedule(state.tokens)
-                last = step + 1 >= (min(cfg.updates, cfg.stop_at) if cfg.stop_at else cfg.updates)
                 figures = run.stepper.update(
                     run.batches(),
                     lr,
@@ -96,7 +96,7 @@ def train(
                     cluster=run.layout.data,  # the replicas: a tensor group sums nothing
                     stage=watchdog.progress,
                     key=run.batch_key(),
-                    ahead=None if last else run.ahead,
+                    ahead=None if step + 1 >= end else run.ahead,  # none after the last
                 )
                 run.advance(figures, lr)
                 watchdog.progress("report")
