@@ -10,10 +10,12 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   fast, it takes the nearest to the current one (fewest samples moved), and moves only when
   every sample goes from a rank clearly slower than where it lands under every fixed part
   the figures allow, the gain is at least `min_gain` and beyond what the noise explains, and
-  the same split was proposed at two boundaries in a row. After a change it waits
-  `cooldown` updates, unless a rank's cost moved since (a new regime): a sustained change is
-  then followed within about `Costs.recent` + 3 updates. The global batch never changes, so
-  neither does the math.
+  the same split was proposed at two boundaries in a row (at one, where a rank's confirmed
+  new cost is the reason: its own figures held it already). After a change it waits
+  `cooldown` updates, unless a rank's cost moved since (a new regime): a change far beyond
+  the noise is then followed about 5 updates after it began (2 figures show it, as many
+  confirm it, one to decide, one to apply), one nearer the noise within about
+  `Costs.recent` + 4. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -123,7 +125,7 @@ class Autopilot:
         self._report_fixed(out)
         moved = self.costs.add(split, compute)
         if moved:  # what came before a rank's new cost tells nothing of the fixed part
-            self.fixed_part.shifted(self.costs.recent)
+            self.fixed_part.shifted(max(self.costs.n(r) for r in moved))
         self.fresh |= set(moved)
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
@@ -217,7 +219,8 @@ class Autopilot:
             return
         held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
         self.streak = (new, held)
-        if held < HOLD:
+        # a rank's confirmed new cost has been held by its own figures already
+        if held < (1 if self.fresh else HOLD):
             return
         moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")
@@ -229,7 +232,12 @@ class Autopilot:
         """(the split to move to, its predicted gain, "") or why not now."""
         fixed, most = self.fixed()
         est = [self.costs.estimate(r) for r in range(self.world)]
-        if any(e is None or e.n < MIN_FIGURES for e in est):
+        # a regime a confirmed shift began is read from its own few figures (their standard
+        # error says how well); any other needs MIN_FIGURES
+        if any(
+            e is None or (e.n < MIN_FIGURES and not self.costs.shifted[r])
+            for r, e in enumerate(est)
+        ):
             return split, 0.0, "too few figures"
         if not all(self.costs.confirmed(r) for r in range(self.world)):
             return split, 0.0, "a rank's new speed is not confirmed yet"

@@ -12,7 +12,13 @@ Three things make the figures of one update a poor guide, each answered here:
   figures since its cost last moved form its *regime*. When its newest `recent` figures sit
   on one side of the regime's median, further than the noise allows (`z` standard errors,
   and at least `min_shift`), a new regime starts with them: a change is read within
-  `recent` updates instead of being averaged with the past.
+  `recent` updates instead of being averaged with the past. A change far beyond the noise
+  is read sooner, from as few as `fast` figures in a row that are each out of the regime,
+  where the rank's own record says so many outliers in a row are not its spikes (the
+  share of its last `RECORD` figures that were out on that side, to the power of the run,
+  under `FAST_ALPHA`). A regime started by a shift is *confirmed* by the figures that come after
+  the ones that showed it (most past halfway to the new level), or *undone* by two back
+  at the old level: those were spikes, and the old regime goes on with them.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
 grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are
@@ -32,6 +38,20 @@ from dataclasses import dataclass
 SIGMA_PRIOR = 0.3  # log-scatter assumed until there are figures enough to measure it
 SIGMA_FLOOR = 0.03  # no machine is steadier than this (timer, scheduler)
 MIN_SPREAD_N = 5  # figures a rank needs before its own scatter is trusted
+Z_OUT = 2.5  # one figure this many scatters (and min_shift) off its regime's median is out
+# Outliers in a row read as a shift when the rank's own share of such outliers, to the power
+# of the run, is under this: about 1 rank-update in 300 of a steady rank starts a shift that
+# its next figures then have to confirm.
+FAST_ALPHA = 0.003
+RECORD = 200  # figures of a rank's record of outliers (all its regimes)
+# ...and is confirmed when that share, to the power of its run and the figures after it that
+# agree, is under this (a steady rank's spikes: about one regime in 10^6 rank-updates; at
+# 10^-5 a noisy machine's spikes, tests/support/pilot_sim.Noise, moved samples between equal
+# ranks in 2 of 24 simulated runs of 500 updates).
+CONFIRM_ALPHA = 1e-6
+# Figures after a shift read from the median that must agree with it (at 2, the noisy
+# machine's equal ranks changed split in 1 of 24 such runs).
+CONFIRM_MEDIAN = 3
 
 
 @dataclass(frozen=True)
@@ -54,10 +74,10 @@ class Costs:
         recent: int = 4,
         z: float = 3.0,
         min_shift: float = math.log(1.25),
+        fast: int = 2,
     ) -> None:
         self.world, self.window, self.recent = world, max(window, recent + 2), recent
-        self.z, self.min_shift = z, min_shift
-        self.confirm = recent + 1
+        self.z, self.min_shift, self.fast = z, min_shift, min(fast, recent)
         # Each regime holds update numbers; an update's figures are kept raw, so that a new
         # reading of the fixed part (`fixed`) re-reads every cost from what was measured.
         self.regimes: list[deque[int]] = [deque(maxlen=self.window) for _ in range(world)]
@@ -66,6 +86,12 @@ class Costs:
         self.updates = 0
         self._fixed = 0.0
         self.shifted = [False] * world  # whether a rank's regime began with a shift
+        # A shift awaiting its confirmation: (the old regime's updates, the figures showing
+        # it, the figures after them that must agree)
+        self.pending: list[tuple[list[int], int, int] | None] = [None] * world
+        # Each rank's record: update -> +1 / -1 for a figure out of its regime above / below,
+        # else 0; the figures of a confirmed shift are not spikes and count as 0
+        self.record: list[dict[int, int]] = [{} for _ in range(world)]
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
 
     @property
@@ -93,14 +119,61 @@ class Costs:
                 self.skip.discard(r)
                 continue
             self.regimes[r].append(u)
-            if self._shifted(r):
-                kept = list(self.regimes[r])[-self.recent :]
+            self._tally(r)
+            if self.pending[r] is not None:
+                self._confirm(r)
+            k, agree = self._shifted(r)
+            if k:
+                old = list(self.regimes[r])
                 self.regimes[r].clear()
-                self.regimes[r].extend(kept)
+                self.regimes[r].extend(old[-k:])
                 self.shifted[r] = True
+                self.pending[r] = (old[:-k], k, agree)
                 moved.append(r)
         self._forget()
         return moved
+
+    def _bar(self, r: int) -> float:
+        """How far off its regime's median one figure of rank r must be to be out."""
+        return max(self.min_shift, Z_OUT * self.sigma(r))
+
+    def _tally(self, r: int) -> None:
+        """Add rank r's newest figure to its record of outliers."""
+        q = self._regime(r)
+        if len(q) < 4:  # too few to say what is out
+            return
+        off, bar = q[-1] - statistics.median(q[:-1]), self._bar(r)
+        record = self.record[r]
+        record[self.regimes[r][-1]] = 1 if off > bar else -1 if off < -bar else 0
+        if len(record) > RECORD:
+            del record[min(record)]
+
+    def share(self, r: int, side: int, but: int = 0) -> float:
+        """The share of rank r's figures out of their regime on `side` (+1 above, -1
+        below), with one more assumed, leaving out its newest `but` figures (the run being
+        judged): what its record says of a figure's chance to be out."""
+        last = set(list(self.regimes[r])[len(self.regimes[r]) - but :]) if but else set()
+        flags = [f for u, f in self.record[r].items() if u not in last]
+        return (flags.count(side) + 1) / (len(flags) + 2)
+
+    def _confirm(self, r: int) -> None:
+        """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
+        before, k, needed = self.pending[r]
+        q = self._regime(r)
+        mid, shown = statistics.median(self.values[u][r] for u in before), statistics.median(q[:k])
+        half, side = (mid + shown) / 2, (1 if shown > mid else -1)
+        after = q[k:]
+        agree = sum(side * (x - half) > 0 for x in after)
+        if 2 * agree > len(after) and agree >= needed:
+            self.pending[r] = None
+            for u in self.regimes[r]:  # the new level's figures were no spikes
+                if u in self.record[r]:
+                    self.record[r][u] = 0
+        elif len(after) - agree >= 2:  # spikes: the old regime goes on, with them
+            now = list(self.regimes[r])
+            self.regimes[r].clear()
+            self.regimes[r].extend(before + now)
+            self.shifted[r], self.pending[r] = False, None
 
     def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
         """Each rank's log cost per sample minus the median rank's: what all share cancels."""
@@ -111,6 +184,7 @@ class Costs:
     def _forget(self) -> None:
         """Drop the figures no regime holds any more."""
         held = {u for q in self.regimes for u in q}
+        held |= {u for p in self.pending if p is not None for u in p[0]}
         for u in [u for u in self.figures if u not in held and u < self.updates - 1]:
             del self.figures[u], self.values[u]
 
@@ -119,15 +193,15 @@ class Costs:
 
     def confirmed(self, r: int) -> bool:
         """Whether rank r's regime can be acted on: the figures that showed a shift were
-        picked for being far out, so a regime they started needs `confirm` figures."""
-        return not self.shifted[r] or self.n(r) >= self.confirm
+        picked for being far out, so a regime they started waits for those after them."""
+        return self.pending[r] is None
 
     def restart(self, ranks: Sequence[int]) -> None:
         """These ranks' batch changed: their cost per sample may differ at the new batch (a
         fixed part), and their first update there recompiles; start their regimes over."""
         for r in ranks:
             self.regimes[r].clear()
-            self.shifted[r] = False
+            self.shifted[r], self.pending[r] = False, None
             self.skip.add(r)
 
     def clear(self) -> None:
@@ -156,18 +230,39 @@ class Costs:
             math.exp(statistics.median(q)), 1.2533 * sigma / math.sqrt(len(q)), len(q), sigma
         )
 
-    def _shifted(self, r: int) -> bool:
+    def _shifted(self, r: int) -> tuple[int, int]:
+        """How many of rank r's newest figures show its cost moved (0: none did), and how
+        many after them must agree to confirm it."""
         q = self._regime(r)
+        if self.pending[r] is not None:
+            return 0, 0  # a young shift is confirmed or undone first
+        sigma, bar = self.sigma(r), self._bar(r)
+        for k in range(self.fast, self.recent):  # a run of outliers, each out on one side
+            if len(q) < k + 3:
+                break
+            mid = statistics.median(q[:-k])
+            for side in (1, -1):
+                share = self.share(r, side, but=k)
+                if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
+                    # as many as make the whole run as unlikely for its spikes
+                    return k, max(1, math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k)
         if len(q) < self.recent + 3:
-            return False
+            return 0, 0
         ref, new = q[: -self.recent], q[-self.recent :]
         mid = statistics.median(ref)
         shift = statistics.median(new) - mid
-        se = 1.2533 * self.sigma(r) * math.sqrt(1 / len(new) + 1 / len(ref))
+        se = 1.2533 * sigma * math.sqrt(1 / len(new) + 1 / len(ref))
         if abs(shift) < max(self.min_shift, self.z * se):
-            return False
-        same_side = sum((x > mid) == (shift > 0) for x in new)
-        return same_side >= len(new) - 1  # one figure may be a spike the other way
+            return 0, 0
+        if sum((x > mid) == (shift > 0) for x in new) < len(new) - 1:
+            return 0, 0  # one may be a spike the other way, no more
+        # the regime starts with the newest figures past halfway (older ones are the old
+        # level's, picked up by the median)
+        side, half = (1 if shift > 0 else -1), mid + shift / 2
+        k = 0
+        while k < len(new) and side * (new[-1 - k] - half) > 0:
+            k += 1
+        return (k, CONFIRM_MEDIAN) if k >= 2 else (0, 0)
 
 
 def _spread(q: list[float]) -> float:

@@ -288,6 +288,34 @@ def test_a_rank_that_slows_down_starts_a_new_regime_within_four_updates():
     assert costs.estimate(0).cost == pytest.approx(1.0, rel=0.15)
 
 
+def steady_then(costs: Costs, rank_cost, updates: int, seed: int = 1) -> list[int]:
+    """Feed three ranks at batch 4, rank 2 at rank_cost(t); the updates at which it moved."""
+    rng = random.Random(seed)
+    moved = []
+    for t in range(updates):
+        compute = [c * 4 * rng.uniform(0.9, 1.1) for c in (1.0, 1.0, rank_cost(t))]
+        if 2 in costs.add([4, 4, 4], compute):
+            moved.append(t)
+    return moved
+
+
+def test_a_change_far_beyond_the_noise_is_read_from_two_figures_and_confirmed():
+    costs = Costs(3)
+    moved = steady_then(costs, lambda t: 3.0 if t >= 30 else 1.0, 32)
+    assert moved == [31] and not costs.confirmed(2)  # the second figure at 3x shows it
+    steady_then(costs, lambda t: 3.0, 3, seed=2)  # the figures after it agree
+    assert costs.confirmed(2) and costs.estimate(2).cost == pytest.approx(3.0, rel=0.15)
+
+
+def test_two_spikes_in_a_row_start_a_shift_that_the_figures_after_them_undo():
+    costs = Costs(3)
+    moved = steady_then(costs, lambda t: 3.0 if t in (30, 31) else 1.0, 32)
+    assert moved == [31] and not costs.confirmed(2) and costs.n(2) == 2
+    steady_then(costs, lambda t: 1.0, 2, seed=2)  # two back at the old level: spikes
+    assert costs.confirmed(2) and costs.n(2) == 20  # the old regime goes on, with them
+    assert costs.estimate(2).cost == pytest.approx(1.0, rel=0.1)
+
+
 def test_costs_are_read_again_at_a_new_fixed_part():
     costs = Costs(2)
     for _ in range(10):  # equal ranks whose compute has 6 samples' worth of fixed part
