@@ -235,7 +235,7 @@ class Autopilot:
         # a regime a confirmed shift began is read from its own few figures (their standard
         # error says how well); any other needs MIN_FIGURES
         if any(
-            e is None or (e.n < MIN_FIGURES and not self.costs.shifted[r])
+            e is None or (e.n < MIN_FIGURES and not self.costs.shifted(r))
             for r, e in enumerate(est)
         ):
             return split, 0.0, "too few figures"

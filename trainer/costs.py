@@ -16,9 +16,11 @@ Three things make the figures of one update a poor guide, each answered here:
   is read sooner, from as few as `fast` figures in a row that are each out of the regime,
   where the rank's own record says so many outliers in a row are not its spikes (the
   share of its last `RECORD` figures that were out on that side, to the power of the run,
-  under `FAST_ALPHA`). A regime started by a shift is *confirmed* by the figures that come after
-  the ones that showed it (most past halfway to the new level), or *undone* by two back
-  at the old level: those were spikes, and the old regime goes on with them.
+  under `FAST_ALPHA`). A regime started by a shift is *confirmed* by the figures that come
+  after the ones that showed it (most past halfway to the new level; as many as make the
+  whole run as unlikely for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a
+  shift read from the median), or *undone* by two back at the old level: those were
+  spikes, and the old regime goes on with them. Until then the autopilot does not act on it.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
 grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are
@@ -54,6 +56,16 @@ CONFIRM_ALPHA = 1e-6
 CONFIRM_MEDIAN = 3
 
 
+@dataclass
+class Shift:
+    """How a rank's regime began: with figures far out of the one before (a shift)."""
+
+    before: list[int]  # the old regime's updates, until the shift is confirmed or undone
+    shown: int  # the figures that showed it (the regime's first)
+    needed: int  # figures after them that must agree to confirm it
+    confirmed: bool = False
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A rank's cost per sample relative to its peers (1.0: like the median rank)."""
@@ -85,10 +97,7 @@ class Costs:
         self.values: dict[int, list[float]] = {}  # relative log cost per sample, at `fixed`
         self.updates = 0
         self._fixed = 0.0
-        self.shifted = [False] * world  # whether a rank's regime began with a shift
-        # A shift awaiting its confirmation: (the old regime's updates, the figures showing
-        # it, the figures after them that must agree)
-        self.pending: list[tuple[list[int], int, int] | None] = [None] * world
+        self.shift: list[Shift | None] = [None] * world  # None: a regime begun otherwise
         # Each rank's record: update -> +1 / -1 for a figure out of its regime above / below,
         # else 0; the figures of a confirmed shift are not spikes and count as 0
         self.record: list[dict[int, int]] = [{} for _ in range(world)]
@@ -120,15 +129,14 @@ class Costs:
                 continue
             self.regimes[r].append(u)
             self._tally(r)
-            if self.pending[r] is not None:
+            if not self.confirmed(r):
                 self._confirm(r)
-            k, agree = self._shifted(r)
+            k, needed = self._new_shift(r)
             if k:
                 old = list(self.regimes[r])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
-                self.shifted[r] = True
-                self.pending[r] = (old[:-k], k, agree)
+                self.shift[r] = Shift(old[:-k], k, needed)
                 moved.append(r)
         self._forget()
         return moved
@@ -158,22 +166,23 @@ class Costs:
 
     def _confirm(self, r: int) -> None:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
-        before, k, needed = self.pending[r]
+        shift = self.shift[r]
         q = self._regime(r)
-        mid, shown = statistics.median(self.values[u][r] for u in before), statistics.median(q[:k])
+        mid = statistics.median(self.values[u][r] for u in shift.before)
+        shown = statistics.median(q[: shift.shown])
         half, side = (mid + shown) / 2, (1 if shown > mid else -1)
-        after = q[k:]
+        after = q[shift.shown :]
         agree = sum(side * (x - half) > 0 for x in after)
-        if 2 * agree > len(after) and agree >= needed:
-            self.pending[r] = None
+        if 2 * agree > len(after) and agree >= shift.needed:
+            shift.confirmed, shift.before = True, []
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
                     self.record[r][u] = 0
         elif len(after) - agree >= 2:  # spikes: the old regime goes on, with them
             now = list(self.regimes[r])
             self.regimes[r].clear()
-            self.regimes[r].extend(before + now)
-            self.shifted[r], self.pending[r] = False, None
+            self.regimes[r].extend(shift.before + now)
+            self.shift[r] = None
 
     def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
         """Each rank's log cost per sample minus the median rank's: what all share cancels."""
@@ -184,7 +193,7 @@ class Costs:
     def _forget(self) -> None:
         """Drop the figures no regime holds any more."""
         held = {u for q in self.regimes for u in q}
-        held |= {u for p in self.pending if p is not None for u in p[0]}
+        held |= {u for shift in self.shift if shift is not None for u in shift.before}
         for u in [u for u in self.figures if u not in held and u < self.updates - 1]:
             del self.figures[u], self.values[u]
 
@@ -194,14 +203,19 @@ class Costs:
     def confirmed(self, r: int) -> bool:
         """Whether rank r's regime can be acted on: the figures that showed a shift were
         picked for being far out, so a regime they started waits for those after them."""
-        return self.pending[r] is None
+        shift = self.shift[r]
+        return shift is None or shift.confirmed
+
+    def shifted(self, r: int) -> bool:
+        """Whether rank r's regime began with a shift (confirmed or not)."""
+        return self.shift[r] is not None
 
     def restart(self, ranks: Sequence[int]) -> None:
         """These ranks' batch changed: their cost per sample may differ at the new batch (a
         fixed part), and their first update there recompiles; start their regimes over."""
         for r in ranks:
             self.regimes[r].clear()
-            self.shifted[r], self.pending[r] = False, None
+            self.shift[r] = None
             self.skip.add(r)
 
     def clear(self) -> None:
@@ -230,11 +244,11 @@ class Costs:
             math.exp(statistics.median(q)), 1.2533 * sigma / math.sqrt(len(q)), len(q), sigma
         )
 
-    def _shifted(self, r: int) -> tuple[int, int]:
+    def _new_shift(self, r: int) -> tuple[int, int]:
         """How many of rank r's newest figures show its cost moved (0: none did), and how
         many after them must agree to confirm it."""
         q = self._regime(r)
-        if self.pending[r] is not None:
+        if not self.confirmed(r):
             return 0, 0  # a young shift is confirmed or undone first
         sigma, bar = self.sigma(r), self._bar(r)
         for k in range(self.fast, self.recent):  # a run of outliers, each out on one side
@@ -250,15 +264,15 @@ class Costs:
             return 0, 0
         ref, new = q[: -self.recent], q[-self.recent :]
         mid = statistics.median(ref)
-        shift = statistics.median(new) - mid
+        delta = statistics.median(new) - mid
         se = 1.2533 * sigma * math.sqrt(1 / len(new) + 1 / len(ref))
-        if abs(shift) < max(self.min_shift, self.z * se):
+        if abs(delta) < max(self.min_shift, self.z * se):
             return 0, 0
-        if sum((x > mid) == (shift > 0) for x in new) < len(new) - 1:
+        if sum((x > mid) == (delta > 0) for x in new) < len(new) - 1:
             return 0, 0  # one may be a spike the other way, no more
         # the regime starts with the newest figures past halfway (older ones are the old
         # level's, picked up by the median)
-        side, half = (1 if shift > 0 else -1), mid + shift / 2
+        side, half = (1 if delta > 0 else -1), mid + delta / 2
         k = 0
         while k < len(new) and side * (new[-1 - k] - half) > 0:
             k += 1
