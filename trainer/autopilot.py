@@ -15,7 +15,7 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   `cooldown` updates, unless a rank's cost moved since (a new regime): a change far beyond
   the noise is then followed about 5 updates after it began (2 figures show it, as many
   confirm it, one to decide, one to apply), one nearer the noise within about
-  `Costs.recent` + 4. The global batch never changes, so neither does the math.
+  `Costs.recent` + 5. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
