@@ -20,11 +20,22 @@ import sys
 from pathlib import Path
 
 
+def span(text: str) -> range:
+    """ "44-49" (or "44") as the updates it names."""
+    lo, _, hi = text.partition("-")
+    try:
+        return range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A-B (two update numbers)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path, help="a run folder (its telemetry/ holds the log)")
     p.add_argument("--tree", type=Path, default=None, help="the checkout whose pilot replays")
-    p.add_argument("--show", default="", help="updates A-B whose reading to print (default: none)")
+    p.add_argument(
+        "--show", type=span, default=range(0), help="updates A-B to print (default: none)"
+    )
     a = p.parse_args(argv)
     if a.tree is not None:
         sys.path.insert(0, str(a.tree.resolve()))
@@ -37,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{a.run_dir}: no update log (is it a run folder?)")
     rows = {r: {x["step"]: x for x in read_updates(a.run_dir, r).to_pylist()} for r in ranks}
     steps = sorted(set.intersection(*(set(v) for v in rows.values())))
-    lo, _, hi = a.show.partition("-")
-    shown = range(int(lo), int(hi or lo) + 1) if lo else range(0)
     pilot = Autopilot(len(ranks), enabled=True)
     replayed = []
     for step in steps:
@@ -48,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         decision = pilot.observe(split, figures)
         moves = [args["split"] for cmd, args in decision.commands if cmd == "rebalance"]
         replayed += [(step + 1, split, new) for new in moves]
-        if step in shown:
+        if step in a.show:
             est = [pilot.costs.estimate(r) for r in range(len(ranks))]
             read = [f"{e.cost:.2f}±{e.se:.2f} n{e.n}" if e else "-" for e in est]
             secs = " ".join(f"{c:.3f}" for c in compute)

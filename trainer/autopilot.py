@@ -220,7 +220,7 @@ class Autopilot:
         held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
         self.streak = (new, held)
         # a rank's confirmed new cost has been held by its own figures already
-        if held < (1 if self.fresh else HOLD):
+        if held < HOLD and not self.fresh:
             return
         moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")

@@ -156,7 +156,7 @@ class Costs:
         if len(record) > RECORD:
             del record[min(record)]
 
-    def share(self, r: int, side: int, but: int = 0) -> float:
+    def _share(self, r: int, side: int, but: int = 0) -> float:
         """The share of rank r's figures out of their regime on `side` (+1 above, -1
         below), with one more assumed, leaving out its newest `but` figures (the run being
         judged): what its record says of a figure's chance to be out."""
@@ -256,7 +256,7 @@ class Costs:
                 break
             mid = statistics.median(q[:-k])
             for side in (1, -1):
-                share = self.share(r, side, but=k)
+                share = self._share(r, side, but=k)
                 if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
                     # as many as make the whole run as unlikely for its spikes
                     return k, max(1, math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k)
