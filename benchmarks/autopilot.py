@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from telemetry.arrowlog import read_events, read_updates  # noqa: E402
+from telemetry.arrowlog import log_ranks, read_events, read_updates  # noqa: E402
 from tests.support import pilot_sim  # noqa: E402
 from tests.support.fleet import fleet_env, launch_args, run_fleet  # noqa: E402
 from trainer.autopilot import Autopilot  # noqa: E402
@@ -123,10 +123,18 @@ def run(
         raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     rows = read_updates(out, 0).to_pylist()
     moves = [e for e in read_events(out, 0) if e.kind == "rebalanced"]
+    # every rank's batch and compute of each update: what the pilot saw, so that a run can be
+    # replayed from this file (benchmarks/pilot_replay.py FILE --run NAME/ARM/REPEAT)
+    ranks = {r: {x["step"]: x for x in read_updates(out, r).to_pylist()} for r in log_ranks(out)}
+    steps = sorted(set.intersection(*(set(v) for v in ranks.values()))) if ranks else []
     return {
         "split": split,
         "update_s": {r["step"]: r["update_s"] for r in rows},
         "tokens": {r["step"]: r["update_tokens"] for r in rows},
+        "figures": {
+            t: [[ranks[r][t]["local_batch"], round(ranks[r][t]["compute_s"], 6)] for r in ranks]
+            for t in steps
+        },
         "wall_s": round(time.monotonic() - t0, 1),
         "changes": [(e.step, e.data.get("from"), e.data.get("to")) for e in moves],
     }
