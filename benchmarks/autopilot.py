@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import queue
@@ -158,6 +159,41 @@ def unjustified(changes, factors_at) -> int:
                 if moved and f[d] <= f[t] and f[d] * old[d] <= f[t] * new[t]:
                     n += 1
     return n
+
+
+def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:
+    """Like `unjustified`, judged by what the ranks measured instead of the schedule (the box
+    can make a rank faster than its slowdown says): moves from a giver whose last figures
+    under the old split (up to `window`, at least 5, before the decision) show it neither
+    costlier per sample than the taker nor slower than the taker would be at its new batch,
+    at every fixed part in `fixed_parts`. "Show" is a one-sided sign test at 5% of the paired
+    per-update comparison (8 of 9 updates, 5 of 5); moves after fewer figures are not judged."""
+    figs = {int(t): row for t, row in figures.items()}
+    n = 0
+    for step, old, new in changes:
+        # the pilot decided after update step - 2, from the figures of the split then in place
+        seen = [t for t in sorted(figs) if t <= step - 2 and [b for b, _ in figs[t]] == old]
+        rows = [figs[t] for t in seen[-window:]]
+        if len(rows) < 5:
+            continue
+        need = next(k for k in range(len(rows) + 1) if _tail(len(rows), k) <= 0.05)
+        for d in range(len(old)):
+            for t in range(len(old)):
+                if not (new[d] < old[d] and new[t] > old[t]):
+                    continue
+                called = False
+                for f in fixed_parts:
+                    pairs = [(row[d][1], row[t][1]) for row in rows]
+                    costlier = sum(cd / (old[d] + f) > ct / (old[t] + f) for cd, ct in pairs)
+                    slower = sum(cd > ct * (new[t] + f) / (old[t] + f) for cd, ct in pairs)
+                    called = called or max(costlier, slower) >= need
+                n += not called
+    return n
+
+
+def _tail(n: int, k: int) -> float:
+    """P(at least k of n fair coin flips come up heads)."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
 
 
 def simulated(
@@ -326,7 +362,7 @@ def main() -> int:
 
     def record() -> dict:
         return {
-            "summary": summarize(plans, results, args.equal_updates),
+            "summary": summarize(plans, results, args.equal_updates, args.plan_fixed),
             "command": " ".join(["python", *sys.argv]),
             "machine": {
                 "host": platform.node(),
@@ -372,7 +408,7 @@ def main() -> int:
     with ThreadPoolExecutor(jobs) as pool:
         for f in [pool.submit(one, t) for t in tasks]:
             f.result()
-    summary = summarize(plans, results, args.equal_updates)
+    summary = summarize(plans, results, args.equal_updates, args.plan_fixed)
     print(json.dumps(summary, indent=2))
     wall = time.monotonic() - started
     print(f"{len(tasks)} runs, {jobs} at a time{' pinned' if pinned else ''}: {wall:.0f} s")
@@ -382,7 +418,7 @@ def main() -> int:
     return 0
 
 
-def summarize(plans, results, equal_updates) -> dict:
+def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
     summary = {}
     for name, (slow, updates, factors_at, phases, parts, arms) in plans.items():
         whole = range(FROM, updates)
@@ -418,6 +454,9 @@ def summarize(plans, results, equal_updates) -> dict:
                     "reactions": reactions,
                     "changes": len(pilot["changes"]),
                     "moves_between_equal_ranks": unjustified(pilot["changes"], factors_at),
+                    "moves_the_figures_did_not_call_for": unmeasured(
+                        pilot["changes"], pilot.get("figures", {}), fixed_parts
+                    ),
                 }
             )
 
@@ -439,11 +478,19 @@ def summarize(plans, results, equal_updates) -> dict:
             "reactions": [r["reactions"] for r in rows],
             "changes": [r["changes"] for r in rows],
             "moves_between_equal_ranks": [r["moves_between_equal_ranks"] for r in rows],
+            "moves_the_figures_did_not_call_for": [
+                r["moves_the_figures_did_not_call_for"] for r in rows
+            ],
         }
     if results["equal"]["pilot"]:
         summary["equal"] = {
             "updates": equal_updates,
             "changes": [len(r["changes"]) for r in results["equal"]["pilot"] if r is not None],
+            "moves_the_figures_did_not_call_for": [
+                unmeasured(r["changes"], r.get("figures", {}), fixed_parts)
+                for r in results["equal"]["pilot"]
+                if r is not None
+            ],
         }
     return summary
 
