@@ -29,6 +29,16 @@ _WAITED = re.compile(r"^fleet train: rank \d+: no progress for ")
 _RING_NOISE = re.compile(
     r"^\[ring\] (?:Sending to|Receiving from|Socket \d+ was closed|Too many send/recv)"
 )
+# ...written a word at a time (one write per word) by several threads of each rank, and
+# passed on by mlx.launch in the chunks it happens to read: a line can be a jumble of those
+# words, or begin with some of them before a rank's own line.
+_RING_WORDS = re.compile(
+    r"(?:\[ring\]|Sending to socket|Receiving from socket|Socket|was closed by the peer|"
+    r"failed with errno|made no progress|connection to a peer was lost|"
+    r"Too many send/recv errors\. Failing pending "
+    r"tasks\.\.\.|-?\d+|[ \t])+"
+)
+_RING_WORD = re.compile(r"\[ring\]|socket|Socket|closed by the peer|errno|no progress|send/recv")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HELD_LINES = 200  # consequences held back until the cause shows (lines; beyond: shown)
 
@@ -212,7 +222,7 @@ class Supervisor:
         cannot clean up a rank that never started) are left out and counted."""
         assert self.proc.stderr is not None
         in_launcher_traceback = False
-        ring_seen = False
+        ring_heard = ring_shown = False  # any of the ring's words; the first whole line shown
         held: list[str] = []  # consequences seen before any cause: shown only if none comes
         for line in self.proc.stderr:
             if line.startswith("Exception in thread") and "(_thread_fn)" in line:
@@ -222,12 +232,18 @@ class Supervisor:
                 if not line[:1].isspace() and not line.startswith(("Exception in", "Traceback")):
                     in_launcher_traceback = False
                 continue
-            if _RING_NOISE.match(line):
-                if ring_seen:
-                    self.hidden += 1
-                    continue
-                ring_seen = True
-            elif _CONSEQUENCE.search(line):
+            noise, line = _ring_words(line)
+            if noise or (ring_heard and line.strip().isdigit()):  # a word cut from its line
+                ring_heard = True
+                whole = not line.strip() and noise.count("[ring]") == 1
+                if whole and _RING_NOISE.match(noise) and not ring_shown:
+                    ring_shown = True  # the first whole one says what happened
+                    line = noise + line
+                else:
+                    self.hidden += bool(noise)
+                    if not line.strip() or line.strip().isdigit():
+                        continue
+            if _CONSEQUENCE.search(line):
                 if m := _RANK_LINE.match(line):
                     self.lost_peer.add(int(m.group(1)))
                 if self.cause is not None:  # what the cause did to the peers
@@ -318,3 +334,12 @@ class Supervisor:
         if path is None:
             return "Nothing was saved yet: start again once it is fixed."
         return f"Resume with --resume latest ({path.name}, verified)."
+
+
+def _ring_words(line: str) -> tuple[str, str]:
+    """(the ring backend's words that `line` begins with, the rest of it); ("", line) when
+    it begins with none (digits or blanks alone are not the ring's)."""
+    m = _RING_WORDS.match(line)
+    if m is None or not _RING_WORD.search(m.group()):
+        return "", line  # digits or spaces alone: a line of its own
+    return m.group(), line[m.end() :]
