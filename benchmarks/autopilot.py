@@ -428,7 +428,8 @@ def main() -> int:
     def write() -> None:  # after every run: a call cut off still leaves what it measured
         if args.out:
             with lock:
-                text = json.dumps(record(), indent=2, default=str) + "\n"
+                # compact: every rank's figures are kept (3.4 MB a run of 75, indented)
+                text = json.dumps(record(), separators=(",", ":"), default=str) + "\n"
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.out).write_text(text)
 
