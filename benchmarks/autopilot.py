@@ -180,21 +180,28 @@ def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:
         # the pilot decided after update step - 2, from the figures of the split then in place
         seen = [t for t in sorted(figs) if t <= step - 2 and [b for b, _ in figs[t]] == old]
         rows = [figs[t] for t in seen[-window:]]
+        if len(rows) < LEAST_FIGURES:
+            continue
         for d in range(len(old)):
             for t in range(len(old)):
-                if len(rows) < 3 or not (new[d] < old[d] and new[t] > old[t]):
-                    continue
-                n += not any(
-                    _shows(rows[-m:], d, t, old, new, f)
-                    for m in range(3, len(rows) + 1)
-                    for f in fixed_parts
-                )
+                if new[d] < old[d] and new[t] > old[t]:
+                    n += not any(
+                        _shows(rows[-m:], d, t, old, new, f)
+                        for m in range(LEAST_FIGURES, len(rows) + 1)
+                        for f in fixed_parts
+                    )
     return n
+
+
+def _judged(run: dict, fixed_parts) -> int | None:
+    """`unmeasured` of a pilot's run; None for a run from before the figures were kept."""
+    return unmeasured(run["changes"], run["figures"], fixed_parts) if "figures" in run else None
 
 
 # One-sided 1% points of Student's t for 1..8 degrees of freedom (several windows and fixed
 # parts are tried: at 5% each, equal ranks would be called for 13% of the time).
 _T99 = (31.82, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896)
+LEAST_FIGURES = 3  # the fewest a move is judged by: the pilot's fast path acts on 3
 
 
 def _shows(rows, d: int, t: int, old, new, f: float) -> bool:
@@ -206,8 +213,7 @@ def _shows(rows, d: int, t: int, old, new, f: float) -> bool:
 
 
 def _t_stat(x: list[float]) -> float:
-    mean = sum(x) / len(x)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1))
+    mean, sd = statistics.mean(x), statistics.stdev(x)
     if sd == 0:
         return math.copysign(math.inf, mean) if mean else 0.0
     return mean / (sd / math.sqrt(len(x)))
@@ -504,11 +510,7 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
                     "reactions": reactions,
                     "changes": len(pilot["changes"]),
                     "moves_between_equal_ranks": unjustified(pilot["changes"], factors_at),
-                    "moves_the_figures_did_not_call_for": unmeasured(
-                        pilot["changes"], pilot["figures"], fixed_parts
-                    )
-                    if "figures" in pilot  # kept since session 11: None before
-                    else None,
+                    "moves_the_figures_did_not_call_for": _judged(pilot, fixed_parts),
                 }
             )
 
@@ -539,9 +541,7 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
             "updates": equal_updates,
             "changes": [len(r["changes"]) for r in results["equal"]["pilot"] if r is not None],
             "moves_the_figures_did_not_call_for": [
-                unmeasured(r["changes"], r["figures"], fixed_parts) if "figures" in r else None
-                for r in results["equal"]["pilot"]
-                if r is not None
+                _judged(r, fixed_parts) for r in results["equal"]["pilot"] if r is not None
             ],
         }
     return summary
