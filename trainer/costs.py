@@ -40,6 +40,7 @@ from dataclasses import dataclass
 SIGMA_PRIOR = 0.3  # log-scatter assumed until there are figures enough to measure it
 SIGMA_FLOOR = 0.03  # no machine is steadier than this (timer, scheduler)
 MIN_SPREAD_N = 5  # figures a rank needs before its own scatter is trusted
+CARRIED_N = 10  # ...and a regime, for its scatter to outlive it (a MAD of 5 is often off 2x)
 Z_OUT = 2.5  # one figure this many scatters (and min_shift) off its regime's median is out
 # Outliers in a row read as a shift when the rank's own share of such outliers, to the power
 # of the run, is under this: about 1 rank-update in 300 of a steady rank starts a shift that
@@ -102,6 +103,10 @@ class Costs:
         # else 0; the figures of a confirmed shift are not spikes and count as 0
         self.record: list[dict[int, int]] = [{} for _ in range(world)]
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
+        # Each rank's scatter in its last regime of CARRIED_N figures or more: a rank's
+        # noise does not start over with its batch or its speed, and a young regime's own
+        # few figures cannot tell it (see `sigma`).
+        self.carried: list[float | None] = [None] * world
 
     @property
     def fixed(self) -> float:
@@ -134,6 +139,7 @@ class Costs:
             k, needed = self._new_shift(r)
             if k:
                 old = list(self.regimes[r])
+                self._carry(r, old[:-k])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
                 self.shift[r] = Shift(old[:-k], k, needed)
@@ -141,9 +147,10 @@ class Costs:
         self._forget()
         return moved
 
-    def _bar(self, r: int) -> float:
-        """How far off its regime's median one figure of rank r must be to be out."""
-        return max(self.min_shift, Z_OUT * self.sigma(r))
+    def _bar(self, r: int, but: int = 0) -> float:
+        """How far off its regime's median one figure of rank r must be to be out (`but`:
+        its newest figures being judged, see `sigma`)."""
+        return max(self.min_shift, Z_OUT * self.sigma(r, but))
 
     def _tally(self, r: int) -> None:
         """Add rank r's newest figure to its record of outliers."""
@@ -214,9 +221,15 @@ class Costs:
         """These ranks' batch changed: their cost per sample may differ at the new batch (a
         fixed part), and their first update there recompiles; start their regimes over."""
         for r in ranks:
+            self._carry(r, list(self.regimes[r]))
             self.regimes[r].clear()
             self.shift[r] = None
             self.skip.add(r)
+
+    def _carry(self, r: int, regime: list[int]) -> None:
+        """Keep the scatter of rank r's regime that ends (if it had figures enough)."""
+        if len(regime) >= CARRIED_N:
+            self.carried[r] = _spread([self.values[u][r] for u in regime])
 
     def clear(self) -> None:
         self.restart(range(self.world))
@@ -225,13 +238,19 @@ class Costs:
     def n(self, r: int) -> int:
         return len(self.regimes[r])
 
-    def sigma(self, r: int) -> float:
-        """The log-scatter of one figure of rank r: its own once it has enough, never below
-        the ranks' pooled one (four figures' MAD is itself noise)."""
-        own = [_spread(self._regime(q)) for q in range(self.world) if self.n(q) >= MIN_SPREAD_N]
-        pooled = statistics.median(own) if own else SIGMA_PRIOR
-        mine = _spread(self._regime(r)) if self.n(r) >= MIN_SPREAD_N else pooled
-        return max(mine, pooled, SIGMA_FLOOR)
+    def sigma(self, r: int, but: int = 0) -> float:
+        """The log-scatter of one figure of rank r, never below the ranks' pooled one (four
+        figures' MAD is itself noise): its regime's own once it has MIN_SPREAD_N figures
+        besides its newest `but` (those being judged), else its last regime's. A regime
+        that began at a restart can be half at a new level within 5 figures: its own MAD is
+        then about the shift, and would hide it."""
+        trusted = [
+            q for q in range(self.world) if self.n(q) - (but if q == r else 0) >= MIN_SPREAD_N
+        ]
+        own = {q: _spread(self._regime(q)) for q in trusted}
+        pooled = statistics.median(own.values()) if own else SIGMA_PRIOR
+        mine = own.get(r, self.carried[r])
+        return max(pooled if mine is None else mine, pooled, SIGMA_FLOOR)
 
     def estimate(self, r: int) -> Estimate | None:
         """Rank r's relative cost per sample in its regime, or None without figures."""
@@ -250,11 +269,10 @@ class Costs:
         q = self._regime(r)
         if not self.confirmed(r):
             return 0, 0  # a young shift is confirmed or undone first
-        sigma, bar = self.sigma(r), self._bar(r)
         for k in range(self.fast, self.recent):  # a run of outliers, each out on one side
             if len(q) < k + 3:
                 break
-            mid = statistics.median(q[:-k])
+            mid, bar = statistics.median(q[:-k]), self._bar(r, but=k)
             for side in (1, -1):
                 share = self._share(r, side, but=k)
                 if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
@@ -265,6 +283,7 @@ class Costs:
         ref, new = q[: -self.recent], q[-self.recent :]
         mid = statistics.median(ref)
         delta = statistics.median(new) - mid
+        sigma = self.sigma(r, but=self.recent)
         se = 1.2533 * sigma * math.sqrt(1 / len(new) + 1 / len(ref))
         if abs(delta) < max(self.min_shift, self.z * se):
             return 0, 0

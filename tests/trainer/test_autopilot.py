@@ -4,6 +4,7 @@ memory (fast: figures as ranks report them), and on real ranks."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 
@@ -314,6 +315,28 @@ def test_two_spikes_in_a_row_start_a_shift_that_the_figures_after_them_undo():
     steady_then(costs, lambda t: 1.0, 2, seed=2)  # two back at the old level: spikes
     assert costs.confirmed(2) and costs.n(2) == 20  # the old regime goes on, with them
     assert costs.estimate(2).cost == pytest.approx(1.0, rel=0.1)
+
+
+def test_a_shift_soon_after_a_restart_is_read_though_its_figures_are_half_the_regime():
+    """moving16 on the 2-core box (session 12, repeat 1): a rank moved to batch 1 recovers
+    from 2x four figures later. Its young regime's own scatter, taken over the figures being
+    judged too, grew with them (0.08 -> 0.77) and hid the recovery for as long as the split
+    stood; judged by the scatter its last regime showed, the third figure reads it."""
+    costs = Costs(3)
+    rng = random.Random(0)
+
+    def feed(v: float) -> bool:  # rank 2's log cost per sample relative to its peers: v
+        return 2 in costs.add([4, 4, 1], [0.4, 0.4, 0.1 * math.exp(v)])
+
+    for t in range(40):  # its own scatter 0.1, and one figure in nine fast (as this box's)
+        feed(0.8 + rng.gauss(0, 0.1) - (0.6 if t % 9 == 4 else 0))
+    costs.restart([2])  # its batch changed; its first figure there recompiles
+    feed(2.0)
+    young = [0.70, 0.58, 0.92, 1.10]  # the real figures, as that run's pilot read them
+    recovered = [-0.24, -0.22, -0.40, 0.13, -0.30]
+    moved = [i for i, v in enumerate(young + recovered) if feed(v)]
+    assert moved == [len(young) + 2]
+    assert costs.estimate(2).cost < 0.9  # before: 1.14, the two levels' mix
 
 
 def test_costs_are_read_again_at_a_new_fixed_part():
