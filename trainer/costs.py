@@ -21,6 +21,9 @@ Three things make the figures of one update a poor guide, each answered here:
   whole run as unlikely for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a
   shift read from the median), or *undone* by two back at the old level: those were
   spikes, and the old regime goes on with them. Until then the autopilot does not act on it.
+  The scatter a shift is judged by is one its own figures did not widen: a young regime (a
+  restart at a new batch, a shift) is judged by the scatter its rank's last long regime
+  showed until it has `MIN_SPREAD_N` figures besides those judged.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
 grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are

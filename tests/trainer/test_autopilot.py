@@ -166,7 +166,9 @@ def test_equal_ranks_make_no_change_in_500_updates():
 
 
 def test_no_sample_ever_moves_between_ranks_whose_costs_agree():
-    for seed in range(6):
+    # seed 16: a young regime judged by the scatter of a regime of 5 figures (a MAD that
+    # short was half the true one) read a spike as a recovery and moved samples at 66
+    for seed in (*range(6), 16):
         out = flown(moving, seed)
         assert out.changes and out.unjustified == [], out.changes
 
