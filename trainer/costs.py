@@ -234,10 +234,6 @@ class Costs:
         if len(regime) >= CARRIED_N:
             self.carried[r] = _spread([self.values[u][r] for u in regime])
 
-    def clear(self) -> None:
-        self.restart(range(self.world))
-        self.skip.clear()
-
     def n(self, r: int) -> int:
         return len(self.regimes[r])
 
