@@ -69,6 +69,20 @@ def next_serial(ckpts: Path) -> int:
     return max((s for s in serials if s is not None), default=0) + 1
 
 
+def newest_serial(run_dir: str | Path) -> int:
+    """The serial of the run's newest save (0: none): what `last_saved_step` counts from."""
+    ckpts = root(run_dir)
+    return next_serial(ckpts) - 1 if ckpts.is_dir() else 0
+
+
+def last_saved_step(run_dir: str | Path, after: int) -> int:
+    """The step of the newest complete save with a serial above `after` (-1: none), read
+    without verifying: that the update was done, not that the save can be resumed."""
+    saved = [(mf.serial(_peek(p)) or 0, mf.step_of(p.name)) for p in complete(run_dir)]
+    newer = [(serial, step) for serial, step in saved if serial > after and step is not None]
+    return max(newer)[1] if newer else -1
+
+
 def point_latest(run_dir: str | Path, target: Path) -> None:
     """Replace the `latest` link atomically (a new link renamed over the old one)."""
     _point(run_dir, LATEST, target)

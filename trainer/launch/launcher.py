@@ -24,6 +24,7 @@ from pathlib import Path
 from telemetry import balance, rundir
 from trainer import lock
 from trainer.blas import preload_env
+from trainer.checkpoint import catalog
 from trainer.launch import lifeline, restart
 from trainer.launch.plan import (
     LaunchError,
@@ -139,10 +140,12 @@ def _launch(args: argparse.Namespace, stops: Stops) -> int:
             stops=stops,
             watched=watched(plan),
         )
+        saved = catalog.newest_serial(plan.run_dir) if plan.run_dir else 0
         code = sup.run()
         if code == 0 or sup.signalled or not sup.failures or not args.restarts:
             return code
-        failure = restart.failure_of(sup.failures[0][0], sup.failures[0][1], plan.run_dir)
+        rank, how, _ = sup.first_failure()
+        failure = restart.failure_of(rank, how, plan.run_dir, saved_after=saved)
         if restarts == args.restarts:
             say(f"fleet launch: {failure.describe()}; no restarts left (--restarts {restarts})")
             return code

@@ -32,12 +32,15 @@ class Failure:
         return f"rank {self.rank} {self.how} {when}"
 
 
-def failure_of(rank: int, how: str, run_dir: str | Path | None) -> Failure:
-    """The attempt's first failure, after the furthest update any rank's heartbeat reached
-    (each rank beats as soon as an update is done)."""
-    beats = heartbeat.read_all(run_dir) if run_dir is not None else {}
+def failure_of(rank: int, how: str, run_dir: str | Path | None, saved_after: int = 0) -> Failure:
+    """The attempt's first failure, after the furthest update any rank's heartbeat reached,
+    or the attempt saved (a save with a serial above `saved_after`): a heartbeat is written
+    about once a second, so it can lag a fast run by several updates."""
+    if run_dir is None:
+        return Failure(rank, how, -1)
+    beats = heartbeat.read_all(run_dir)
     step = max((b.step for b in beats.values()), default=-1)
-    return Failure(rank, how, step)
+    return Failure(rank, how, max(step, catalog.last_saved_step(run_dir, saved_after)))
 
 
 def backoff(restart: int, base: float) -> float:

@@ -297,11 +297,14 @@ class Supervisor:
             say(f"fleet launch: ended {left} process(es) of the run still running after it")
         return 0
 
+    def first_failure(self) -> tuple[int, str, int | None]:
+        """The failure the attempt is blamed on (rank, how, exit code): the first to end
+        that did not say it lost a peer (a rank killed outright says nothing, and on a busy
+        machine its peers' exits can reach mlx.launch before its own)."""
+        return next((f for f in self.failures if f[0] not in self.lost_peer), self.failures[0])
+
     def _failure_line(self, stalled: str, ended: bool) -> str:
-        # The first to end that did not say it lost a peer: a rank killed outright says
-        # nothing, and on a busy machine its peers' exits can reach mlx.launch before its own.
-        first = next((f for f in self.failures if f[0] not in self.lost_peer), self.failures[0])
-        rank, how, rc = first
+        rank, how, rc = self.first_failure()
         others = sorted({r for r, _, _ in self.failures if r != rank})
         if self.cause is not None:
             # A rank that said why it failed is the cause, whoever mlx.launch saw exit first;

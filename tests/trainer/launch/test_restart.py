@@ -3,7 +3,11 @@ checkpoint and ends with the weights of a run that never failed."""
 
 from __future__ import annotations
 
+import json
+
 from tests.support.fleet import run_fleet
+from trainer import heartbeat
+from trainer.checkpoint import catalog
 from trainer.launch import restart
 
 
@@ -23,6 +27,35 @@ def test_a_shrunk_split_keeps_the_global_batch_without_measurements(tmp_path):
 def test_the_same_failure_at_the_same_update_compares_equal():
     assert restart.Failure(2, "was killed", 7) == restart.Failure(2, "was killed", 7)
     assert restart.Failure(2, "was killed", 7) != restart.Failure(2, "was killed", 9)
+
+
+def saved(run_dir, step: int, serial: int) -> None:
+    """A complete save's folder as the catalog reads it, unverified (a manifest, no body)."""
+    folder = catalog.step_dir(run_dir, step)
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"format": 2, "serial": serial}))
+
+
+def test_a_failure_is_dated_by_what_the_attempt_saved_when_the_beats_lag(tmp_path):
+    """A rank beats about once a second, a fast run updates many times a second: the restart
+    line named "update 5" for a kill after update 6 was saved (seen in the suite)."""
+    saved(tmp_path, 4, serial=1)  # before the attempt
+    mark = catalog.newest_serial(tmp_path)
+    heartbeat.write(tmp_path, 1, "compute", 5, 0.0)
+    saved(tmp_path, 6, serial=2)
+    assert restart.failure_of(1, "was killed", tmp_path, mark).step == 6
+    assert restart.failure_of(1, "was killed", tmp_path, catalog.newest_serial(tmp_path)).step == 5
+
+
+def test_an_older_step_saved_again_after_a_resume_dates_the_failure(tmp_path):
+    """A resume from step 4 with step 8 on disk (it did not verify): the attempt's own save
+    of step 5 counts, not the stale step 8."""
+    saved(tmp_path, 8, serial=2)
+    saved(tmp_path, 4, serial=1)
+    mark = catalog.newest_serial(tmp_path)
+    saved(tmp_path, 5, serial=3)
+    assert mark == 2 and restart.failure_of(0, "was killed", tmp_path, mark).step == 5
+    assert restart.failure_of(0, "was killed", tmp_path / "nothing-here", 0).step == -1
 
 
 def test_restarts_need_a_train_command():

@@ -35,6 +35,23 @@ def test_a_killed_rank_is_named_though_its_peers_exits_came_first():
     assert line.startswith("fleet launch: rank 2 failed first (was killed); then rank(s) [0, 1]")
 
 
+def test_the_restart_blames_the_rank_the_verdict_names():
+    """fleet launch --restarts dated and named its restart by mlx.launch's first exit, a peer
+    that lost the killed rank ("rank 0 exited with code 1 ...; restart 1 of 1" right under
+    "rank 1 failed first (exited with code -9)", seen in the suite)."""
+    sup = Supervisor([], {})
+    sup.proc = SimpleNamespace(
+        stderr=io.StringIO(
+            lost(0)
+            + WARN.format("Node with rank 0 exited with code 1")
+            + WARN.format("Node with rank 1 exited with code -9")
+        )
+    )
+    sup._relay()
+    assert sup.first_failure() == (1, "exited with code -9", -9)
+    assert sup._failure_line("", ended=False).startswith("fleet launch: rank 1 failed first")
+
+
 def test_the_first_to_end_is_named_when_no_rank_said_it_lost_a_peer():
     line = verdict(
         WARN.format("Node with rank 2 exited with code 1"),
