@@ -177,8 +177,10 @@ def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:
     figs = {int(t): row for t, row in figures.items()}
     n = 0
     for step, old, new in changes:
-        # the pilot decided after update step - 2, from the figures of the split then in place
-        seen = [t for t in sorted(figs) if t <= step - 2 and [b for b, _ in figs[t]] == old]
+        # the pilot decided on the figures of update `step` and those before it, of the split
+        # then in place (the move is logged at the boundary where it was decided; in runs
+        # before session 14 it was applied, and logged, a boundary later)
+        seen = [t for t in sorted(figs) if t <= step and [b for b, _ in figs[t]] == old]
         rows = [figs[t] for t in seen[-window:]]
         if len(rows) < LEAST_FIGURES:
             continue

@@ -13,15 +13,16 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   the same split was proposed at two boundaries in a row (at one, where a rank's confirmed
   new cost is the reason: its own figures held it already). After a change it waits
   `cooldown` updates, unless a rank's cost moved since (a new regime): a change far beyond
-  the noise is then followed about 5 updates after it began (2 figures show it, as many
-  confirm it, one to decide, one to apply), one nearer the noise within about
-  `Costs.recent` + 5. The global batch never changes, so neither does the math.
+  the noise is then followed 4-5 updates after it began (2 figures show it, as many
+  confirm it; the next update runs the new split), one nearer the noise within about
+  `Costs.recent` + 4. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
 
-It decides; the controller submits what it decided to rank 0's own command queue, so the
-change is applied at the next boundary like an operator's `rebalance`.
+It decides; the controller submits what it decided to rank 0's own command queue and, while
+the pilot steers, applies it at the same boundary (a second tiny all-reduce) unless an
+operator's command took that boundary: then at the next, like an operator's `rebalance`.
 """
 
 from __future__ import annotations
@@ -146,6 +147,18 @@ class Autopilot:
         if not pressed:
             self.pressed_before = set()
         return out
+
+    def may_decide(self) -> bool:
+        """Whether the next boundary's figures may bring a move for speed, so that the
+        controller makes room to apply it at that boundary (trainer/controller.py): a rank
+        whose cost moved since the last change is read from few figures yet (its new regime
+        awaits confirmation, or the error of its estimate is still shrinking fast), or a
+        proposal awaits its second look. Other moves (the memory guard's, or one that a long
+        regime's error allows at last) are applied a boundary later."""
+        if not self.enabled:
+            return False
+        young = any(self.costs.n(r) < SETTLED for r in self.fresh)
+        return self.streak is not None or young
 
     # --- memory -------------------------------------------------------------------------------
     def _pressed(self, figures: list[RankFigures]) -> dict[int, str]:

@@ -36,11 +36,12 @@ class Action:
 
 class Controller:
     """Rank 0 takes commands from a queue (telemetry, the autopilot); one tiny all-reduce per
-    boundary hands the chosen one to every rank, so all apply it at the same update. The
-    same all-reduce carries what every rank measured in its last update (peak memory, so the
-    memory caps a rebalance is checked against are refreshed at every boundary; compute time
-    and swap, for the autopilot) and any rank's request to stop (a signal it received, or
-    what its lifeline to fleet launch says: trainer/launch/lifeline.py)."""
+    boundary (two where the autopilot may decide) hands the chosen one to every rank, so all
+    apply it at the same update. The first all-reduce carries what every rank measured in its
+    last update (peak memory, so the memory caps a rebalance is checked against are refreshed
+    at every boundary; compute time and swap, for the autopilot) and any rank's request to
+    stop (a signal it received, or what its lifeline to fleet launch says:
+    trainer/launch/lifeline.py)."""
 
     def __init__(
         self,
@@ -94,20 +95,15 @@ class Controller:
         """Called by every rank at every boundary (and as the keepalive while paused), with
         what this rank measured in its last update: peak memory and swap in bytes, compute
         seconds, memory pressure 0..1, and its memory budget in bytes (0: none or unknown)."""
-        pending, name, payload, reason = None, "none", [], "command"
-        if self.cluster.is_root:
-            while (pending := self.queue.poll()) is not None:
-                why = self._refusal(pending, split)
-                if why is None:
-                    name, reason = pending.cmd, pending.args.get("reason", reason)
-                    payload = _payload(pending)
-                    break
-                pending.resolve(CommandResult(ok=False, error=why))
+        pending, name, payload, reason = self._next_command(split)
         if self.paused and name == "none":
             name = "keepalive"
         # FP32 holds whole numbers to 2**24: MiB for memory, microseconds for time (16 s).
         stop = float(self._stop_code())
-        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB)
+        # rank 0: whether its pilot may decide on this boundary's figures (then a second
+        # exchange applies the decision here)
+        expect = float(self.cluster.is_root and self.pilot is not None and self.pilot.may_decide())
+        mine = (peak / MiB, stop, compute_s * 1e6, swap / MiB, pressure * 1e3, budget / MiB, expect)
         name, payload, every = self.cluster.broadcast_command(name, payload, mine)
         self.peaks = [f[0] * MiB for f in every]
         self.limits = [
@@ -122,16 +118,41 @@ class Controller:
             alone = len(asked) < self.cluster.size and not os.environ.get(LAUNCH_ENV)
             named = alone or code == lifeline.LOST_CODE  # a lifeline is lost one rank at a time
             name, payload, reason = "stop", [], lifeline.describe(code, rank if named else None)
+        if self.pilot is not None and self.cluster.is_root and name != "keepalive":
+            self._steer(split, every)
+        if every[0][6] and name == "none":
+            # What the pilot just decided on these figures is applied at this boundary, not
+            # the next: every update on the old split costs the slowed rank's whole excess.
+            # It takes a second tiny all-reduce, so only where rank 0 said that its pilot may
+            # decide (a rank's new cost awaits confirmation, or a proposal its second look):
+            # with more ranks than cores one costs tens of ms (benchmarks/control_exchange.py).
+            pending, name, payload, reason = self._next_command(split)
+            name, payload, _ = self.cluster.broadcast_command(name, payload)
+        self._follow(name)
+        return Action(name, payload, pending, reason)
+
+    def _next_command(self, split: list[int]) -> tuple[PendingCommand | None, str, list[int], str]:
+        """Rank 0: the oldest queued command that can be applied (those that cannot are
+        refused and answered); others: none. (pending, name, payload, reason)"""
+        if self.cluster.is_root:
+            while (pending := self.queue.poll()) is not None:
+                why = self._refusal(pending, split)
+                if why is None:
+                    reason = pending.args.get("reason", "command")
+                    return pending, pending.cmd, _payload(pending), reason
+                pending.resolve(CommandResult(ok=False, error=why))
+        return None, "none", [], "command"
+
+    def _follow(self, name: str) -> None:
+        """Keep the paused state every rank holds in step with the boundary's command."""
         if name == "pause":
             self.paused = True
         elif name in ("resume", "stop"):
             self.paused = False
-        if self.pilot is not None and self.cluster.is_root and name != "keepalive":
-            self._steer(split, every)
-        return Action(name, payload, pending, reason)
 
     def _steer(self, split: list[int], every: list[list[float]]) -> None:
-        """Show the autopilot this boundary; queue what it decides (applied at the next)."""
+        """Show the autopilot this boundary; queue what it decides (applied at this boundary
+        where it said it may decide and nothing else was chosen, else at the next)."""
         figures = [
             RankFigures(b, f[2] / 1e6, f[0] * MiB, f[3] * MiB, f[4] / 1e3, limit)
             for b, f, limit in zip(split, every, self.limits, strict=True)

@@ -37,6 +37,13 @@ def test_a_rank_twice_as_slow_for_three_updates_calls_for_the_move():
     assert bench.unmeasured([(11, EVEN, MOVED)], figures(slowed), (0.0, 6.0)) == 0
 
 
+def test_a_move_is_judged_by_the_figures_up_to_the_update_it_is_logged_at():
+    """The pilot decides on the figures of the update that ends at the boundary where the
+    move is logged (and applied): a slowdown in updates 7-9 calls for a move logged at 9."""
+    slowed = [1.0] * 6 + [2.0] * 3
+    assert bench.unmeasured([(9, EVEN, MOVED)], figures(slowed), (0.0, 6.0)) == 0
+
+
 def test_figures_under_another_split_or_too_few_are_not_judged():
     assert bench.unmeasured([(4, EVEN, MOVED)], figures([1.0] * 2), (0.0, 6.0)) == 0
     elsewhere = figures([1.0] * 9, split=[2, 6, 4, 4])

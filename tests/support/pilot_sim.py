@@ -112,8 +112,11 @@ def fly(
     mult = draws(len(split), updates, noise, seed)
     seen: list[set[int]] = [{b} for b in split]
     out = Outcome([], [])
-    queued: list = []  # decided after update t-1, applied at the boundary after update t
-    due: list = []  # applied now: as in a run, a decision takes effect one update later
+    # As in a run (trainer/controller.py): what the pilot decides at the boundary after update
+    # t - 1 is applied there where it said it may decide, and update t runs it; else it waits
+    # in rank 0's queue, which the boundary's first exchange takes from before the pilot looks.
+    queued: list = []
+    due: list = []  # applied before update t
     for t in range(updates):
         for cmd, args in due:
             if cmd == "rebalance":
@@ -137,12 +140,17 @@ def fly(
             times.append(compute(c, b, mult[t][r], noise) * extra)
         out.splits.append(list(split))
         out.times.append(max(times) + after(costs, noise))
-        due, queued = queued, []
+        due = []
         if pilot is not None:
+            expect = pilot.may_decide()
+            if queued:
+                due.append(queued.pop(0))
             figures = [
                 RankFigures(b, c, GIB, 0, 0, None) for b, c in zip(split, times, strict=True)
             ]
-            queued = pilot.observe(split, figures).commands
+            queued += pilot.observe(split, figures).commands
+            if expect and queued and not due:
+                due.append(queued.pop(0))
     return out
 
 

@@ -20,7 +20,8 @@ from trainer.costs import Costs, Estimate
 
 def simulate(costs, split, updates=200, noise=0.02, pilot=None, seed=0, change_at=None):
     """Feed the pilot what ranks of these per-sample costs would measure; apply its commands
-    at the next boundary, as the controller does. Returns (splits it chose, pilot)."""
+    to the next update, as the controller does while it steers. Returns (splits it chose,
+    pilot)."""
     rng = random.Random(seed)
     pilot = pilot or Autopilot(len(split), enabled=True)
     chosen, queued = [], []
@@ -67,6 +68,28 @@ def test_a_slowdown_that_moves_is_followed():
     before, after = [0.02, 0.01, 0.01, 0.01], [0.01, 0.01, 0.03, 0.01]
     chosen, _ = simulate(before, [2, 2, 2, 2], updates=300, change_at=(100, after))
     assert chosen and chosen[-1][2] < chosen[-1][0]  # rank 2 is now the one given less
+
+
+def test_the_pilot_announces_the_boundary_of_a_move_for_a_slowdown():
+    """The controller applies a decision at its own boundary only where the pilot said it
+    may decide there (a second exchange, trainer/controller.py): a slowdown's move must be
+    announced; steady equal ranks announce none (no second exchange to pay for)."""
+    rng = random.Random(0)
+    pilot, split = Autopilot(4, enabled=True), [4, 4, 4, 4]
+    announced, moves = [], []
+    for step in range(80):
+        costs = [0.01, 0.01, 0.03 if step >= 40 else 0.01, 0.01]
+        figures = [
+            RankFigures(b, 0.002 + c * b * rng.uniform(0.98, 1.02), GiB, 0, 0, None)
+            for c, b in zip(costs, split, strict=True)
+        ]
+        announced.append(pilot.may_decide())
+        for cmd, args in pilot.observe(split, figures).commands:
+            if cmd == "rebalance":
+                moves.append(step)
+                split = args["split"]
+    assert moves and moves[0] >= 40 and announced[moves[0]]
+    assert not any(announced[:40])
 
 
 def test_the_memory_guard_moves_samples_off_a_pressed_rank():
@@ -147,7 +170,8 @@ def test_a_slowdown_schedule_is_read_per_rank():
 
 
 # --- against this machine's noise (tests/support/pilot_sim.py: shared load, own scatter,
-# spikes, recompiles; decisions take effect one update later, as in a run)
+# spikes, recompiles; an announced decision runs from the next update, others a boundary
+# later, as in a run)
 C = 0.05
 
 
@@ -243,10 +267,14 @@ def test_the_operator_hears_what_the_fixed_part_reads():
 
 
 class OneMove:
-    """A pilot that asks for `split` once, at the boundary after update `at`."""
+    """A pilot that asks for `split` once, at its `at`-th boundary, announced (`may_decide`):
+    update `at` (counted from 0) runs it."""
 
     def __init__(self, at: int, split: list[int]) -> None:
         self.at, self.split, self.seen = at, split, 0
+
+    def may_decide(self) -> bool:
+        return self.seen + 1 == self.at
 
     def observe(self, split, figures) -> Decision:
         self.seen += 1
@@ -257,10 +285,10 @@ def test_the_simulator_judges_a_move_by_the_true_fixed_part():
     """A move off a rank twice as slow at 2 samples onto one at 5: at 6 samples of fixed
     compute the giver took 2 x 8, the taker will take 1 x 12: justified; without a fixed
     part, 2 x 2 against 1 x 6: not."""
-    for fixed, judged in ((6.0, []), (0.0, [(11, 0, 1)])):
+    for fixed, judged in ((6.0, []), (0.0, [(10, 0, 1)])):
         noise = pilot_sim.Noise(shared=0, own=0, spikes=0, fixed_samples=fixed)
         out = pilot_sim.fly(lambda t: [2 * C, C], [2, 5], 20, OneMove(10, [1, 6]), noise)
-        assert out.changes == [(11, [2, 5], [1, 6])] and out.unjustified == judged
+        assert out.changes == [(10, [2, 5], [1, 6])] and out.unjustified == judged
 
 
 def test_the_nearest_fast_split_moves_the_fewest_samples():

@@ -1,4 +1,5 @@
-"""A fake group (no processes): replica disagreement and the controller's refusals."""
+"""A fake group (no processes): replica disagreement, the controller's refusals and when it
+applies what the autopilot decides."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from telemetry.control import CommandQueue
 from telemetry.split import problems
+from trainer.autopilot import Autopilot, Decision
 from trainer.checkpoint import catalog, store
 from trainer.config import TrainConfig
 from trainer.controller import Controller
@@ -95,6 +97,58 @@ def test_controller_refuses_before_broadcasting():
     assert not good.done()  # answered by the loop once applied
     Controller.answer(action, 7, split=[3, 2])
     assert good.result().ok and good.result().step == 7
+
+
+class CountingCluster(Cluster):
+    """Counts the boundary's all-reduces (every rank must make as many)."""
+
+    exchanges = 0
+
+    def broadcast_command(self, cmd, payload, figures=()):
+        self.exchanges += 1
+        return super().broadcast_command(cmd, payload, figures)
+
+
+class DecidingPilot(Autopilot):
+    """An autopilot that decides a move to `split` at every boundary, having said before
+    that it may (`announces`) or not."""
+
+    def __init__(self, split: list[int], announces: bool = True) -> None:
+        super().__init__(len(split), enabled=True)
+        self.split, self.announces = split, announces
+
+    def may_decide(self) -> bool:
+        return self.announces
+
+    def observe(self, split, figures) -> Decision:
+        return Decision(commands=[("rebalance", {"split": self.split, "reason": "autopilot"})])
+
+
+def test_the_autopilots_move_is_applied_at_the_boundary_it_was_decided():
+    """Every update on the old split costs the slowed rank's excess: a decision the pilot
+    said it may make waits for no second boundary."""
+    cluster = CountingCluster(FakeGroup())
+    ctl = Controller(cluster, CommandQueue(), pilot=DecidingPilot([3]))
+    action = ctl.exchange([3], compute_s=0.1)
+    assert action.name == "rebalance" and action.reason == "autopilot"
+    assert cluster.exchanges == 2
+
+
+def test_an_operators_command_goes_first_and_the_pilots_waits():
+    queue = CommandQueue()
+    cluster = CountingCluster(FakeGroup())
+    ctl = Controller(cluster, queue, pilot=DecidingPilot([3]))
+    done = queue.submit("checkpoint")
+    assert ctl.exchange([3]).name == "checkpoint" and not done.done()
+    assert cluster.exchanges == 1  # one command a boundary
+    assert ctl.exchange([3]).name == "rebalance"  # decided at the last boundary
+
+
+def test_an_unannounced_decision_costs_no_second_exchange_and_waits_a_boundary():
+    cluster = CountingCluster(FakeGroup())
+    ctl = Controller(cluster, CommandQueue(), pilot=DecidingPilot([3], announces=False))
+    assert ctl.exchange([3]).name == "none" and cluster.exchanges == 1
+    assert ctl.exchange([3]).name == "rebalance" and cluster.exchanges == 2
 
 
 @pytest.mark.parametrize(
