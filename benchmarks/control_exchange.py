@@ -5,7 +5,7 @@ the second one that applies the autopilot's decision at the boundary it was made
         benchmarks/control_exchange.py --iters 2000
 
 Each rank calls `Cluster.broadcast_command` as the controller does: with the figures every
-rank sends (6 a rank), and without (the second exchange). Rank 0 prints one JSON line: the
+rank sends (7 a rank), and without (the second exchange). Rank 0 prints one JSON line: the
 median and 90th percentile of each, in microseconds, over interleaved rounds.
 """
 
@@ -29,7 +29,7 @@ def main() -> None:
     from trainer.distributed import Cluster
 
     cluster = Cluster()
-    figures = [1.0] * 6  # peak, stop, compute, swap, pressure, budget
+    figures = [1.0] * 7  # peak, stop, compute, swap, pressure, budget, the pilot may decide
     first, second = [], []
     for i in range(args.warmup + args.iters):
         t0 = time.perf_counter()

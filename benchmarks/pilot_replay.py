@@ -7,12 +7,13 @@
 
 Every rank's logged batch and compute time of each update are fed to a fresh `Autopilot` as
 the controller feeds it (memory figures left out: the guard is not replayed). A decision after
-update t is applied, and logged as `rebalanced`, at t (update t + 1 runs it; runs flown before
-session 14 applied and logged it at t + 1, a boundary later). The replay holds only until its
-first decision that differs from the run's: after that the run's splits are not the ones the
-replayed pilot chose. Run with the tree's pilot that flew the run, it gives the run's moves
-back, which tells a move the box's figures called for (a rank that measured faster than the
-schedule made it) from one the pilot made up.
+update t that the pilot announced (`Autopilot.may_decide`) is applied, and logged as
+`rebalanced`, at t (update t + 1 runs it); others, and every decision of a pilot from before
+session 15, at t + 1, a boundary later, as the controller applies them. The replay holds
+only until its first decision that differs from the run's: after that the run's splits are
+not the ones the replayed pilot chose. Run with the tree's pilot that flew the run, it gives
+the run's moves back, which tells a move the box's figures called for (a rank that measured
+faster than the schedule made it) from one the pilot made up.
 """
 
 from __future__ import annotations
@@ -97,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         split = [b for b, _ in row]
         compute = [c for _, c in row]
         rank_figures = [RankFigures(b, c, GiB, 0, 0, None) for b, c in row]
+        announced = hasattr(pilot, "may_decide") and pilot.may_decide()
         decision = pilot.observe(split, rank_figures)
         moves = [args["split"] for cmd, args in decision.commands if cmd == "rebalance"]
-        replayed += [(step, split, new) for new in moves]
+        replayed += [(step if announced else step + 1, split, new) for new in moves]
         if step in a.show:
             est = [pilot.costs.estimate(r) for r in range(world)]
             read = [f"{e.cost:.2f}±{e.se:.2f} n{e.n}" if e else "-" for e in est]

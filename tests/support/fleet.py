@@ -18,9 +18,13 @@ def free_port(count: int = 1) -> int:
 
 
 def fleet_env(**extra: str) -> dict[str, str]:
-    """The environment for `fleet` subprocesses: this checkout first on the path."""
+    """The environment for `fleet` subprocesses: this checkout first on the path, wherever
+    they start. Without PYTHONSAFEPATH, `python -m` and `-c` put their working directory
+    before PYTHONPATH: a benchmark of one checkout run from inside another ran the other's
+    trainer (benchmarks/pilot_ab.py's two arms ran one pilot until session 15)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONSAFEPATH"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
