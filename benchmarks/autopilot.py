@@ -178,8 +178,9 @@ def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:
     n = 0
     for step, old, new in changes:
         # the pilot decided on the figures of update `step` and those before it, of the split
-        # then in place (the move is logged at the boundary where it was decided; in runs
-        # before session 14 it was applied, and logged, a boundary later)
+        # then in place (a move it announced is logged at the boundary where it was decided;
+        # others, and every move in runs before session 15, a boundary later: their last
+        # figure came after the decision, of the same split)
         seen = [t for t in sorted(figs) if t <= step and [b for b, _ in figs[t]] == old]
         rows = [figs[t] for t in seen[-window:]]
         if len(rows) < LEAST_FIGURES:

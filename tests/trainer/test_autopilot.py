@@ -20,8 +20,9 @@ from trainer.costs import Costs, Estimate
 
 def simulate(costs, split, updates=200, noise=0.02, pilot=None, seed=0, change_at=None):
     """Feed the pilot what ranks of these per-sample costs would measure; apply its commands
-    to the next update, as the controller does while it steers. Returns (splits it chose,
-    pilot)."""
+    to the next update, as the controller does with a decision the pilot announced (here
+    every decision: tests/support/pilot_sim.py tells the two apart). Returns (splits it
+    chose, pilot)."""
     rng = random.Random(seed)
     pilot = pilot or Autopilot(len(split), enabled=True)
     chosen, queued = [], []
