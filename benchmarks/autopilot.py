@@ -287,6 +287,35 @@ def simulated(
     return out
 
 
+def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
+    """What the best fixed split leaves to a pilot, without noise: for each scenario and
+    fixed part, the time of the best fixed split over that of the best pilot that answers
+    each change `lag` updates after it (pilot_sim.ceiling), and of the oracle (lag 0)."""
+    c = 0.05  # a cost per sample (s): only ratios matter
+    out: dict = {}
+    for name, (slow, total, updates) in SCENARIOS.items():
+        phases, factors_at = schedule(slow)
+
+        def costs(t: int, factors_at=factors_at) -> list[float]:
+            return [c * f for f in factors_at(t)]
+
+        steps, starts = range(FROM, updates), [p for p, _ in phases]
+        for fixed in plan_fixed:
+            # BOX's recompile and time after the slowest rank, with no fixed part or this one
+            noise = pilot_sim.Noise(**{**pilot_sim.BOX.__dict__, "fixed_samples": fixed})
+            noise.shared = noise.own = noise.spikes = 0.0
+            best = pilot_sim.best_split(costs, 4, total, steps, noise)
+            fixed_s = pilot_sim.expected(costs, best, steps, noise)
+            out.setdefault(name, {})[f"fixed {fixed:g}"] = {
+                "best_fixed": ",".join(map(str, best))
+            } | {
+                f"lag {lag}": fixed_s
+                / pilot_sim.ceiling(costs, 4, total, starts, steps, noise, lag)
+                for lag in (0, *lags)
+            }
+    return out
+
+
 def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -365,7 +394,17 @@ def main() -> int:
         metavar="JSON",
         help="run nothing: print the summary of this results file as this judge makes it",
     )
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="run nothing: print, for each scenario and --plan-fixed, the best fixed split's "
+        "time over that of an ideal pilot answering each change 1, 3 or 5 updates after it "
+        "(no noise; lag 0 is the oracle): above 1 where a pilot can beat every fixed split",
+    )
     args = ap.parse_args()
+    if args.ceiling:
+        print(json.dumps(ceilings(args.plan_fixed), indent=1))
+        return 0
     if args.summarize:
         try:
             summary = resummarized(args.summarize, args.plan_fixed)

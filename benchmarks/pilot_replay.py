@@ -106,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             est = [pilot.costs.estimate(r) for r in range(world)]
             read = [f"{e.cost:.2f}±{e.se:.2f} n{e.n}" if e else "-" for e in est]
             secs = " ".join(f"{c:.3f}" for c in compute)
-            print(f"update {step}: split {split} compute_s {secs} cost {read}", moves or "")
+            # the fixed part the costs are read at, and the most the figures allow
+            least, most = pilot.fixed() if hasattr(pilot, "fixed") else (0.0, 0.0)
+            print(
+                f"update {step}: split {split} compute_s {secs} cost {read} "
+                f"fixed {least:.2f}-{most:.2f}",
+                moves or "",
+            )
     print("logged:  ", logged)
     print("replayed:", replayed)
     return 0

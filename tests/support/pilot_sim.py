@@ -227,6 +227,40 @@ def oracle(
     return total_s
 
 
+def ceiling(
+    schedule: Schedule,
+    world: int,
+    total: int,
+    phases: Sequence[int],
+    steps: range,
+    noise: Noise,
+    lag: int,
+) -> float:
+    """The time over `steps`, without noise, of the best a pilot could do that answers a
+    change `lag` updates after it (it must see one first: `lag` >= 1 for any that reads its
+    ranks' figures): on each phase's best split (of equals, the nearest even: it cannot
+    know which of them the next phase favours) from the start, `lag` updates into every
+    later phase, paying the recompile where ranks change batch."""
+    bounds = [*phases, steps.stop]
+    total_s, last = 0.0, None
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        if b <= a:
+            continue
+        best = best_split(schedule, world, total, range(a, b), noise)
+        switch = a if last is None else min(a + lag, b)
+        if last is not None:
+            total_s += expected(schedule, last, range(max(a, steps.start), switch), noise)
+        total_s += expected(schedule, best, range(max(switch, steps.start), b), noise)
+        if last is not None and best != last and switch in steps:
+            costs = schedule(switch)
+            changed = [r for r in range(world) if best[r] != last[r]]
+            total_s += max(compute(costs[r], best[r], 1.0, noise) for r in changed) * (
+                noise.recompile
+            )
+        last = best
+    return total_s
+
+
 def reaction(
     out: Outcome,
     at: int,

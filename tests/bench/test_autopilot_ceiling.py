@@ -1,0 +1,45 @@
+"""What the best fixed split leaves to any pilot (`pilot_sim.ceiling`, `autopilot.py
+--ceiling`): the benchmark's noise-free model of an ideal pilot that answers each change a
+few updates after it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from tests.support import pilot_sim
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "autopilot.py"
+_SPEC = importlib.util.spec_from_file_location("autopilot_benchmark", _PATH)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+QUIET = pilot_sim.Noise(shared=0, own=0, spikes=0, recompile=0.0)
+
+
+def moving(t: int) -> list[float]:
+    return [2.0, 1.0, 1.0, 1.0] if t < 50 else [1.0, 1.0, 3.0, 1.0]
+
+
+def test_at_lag_0_the_ideal_pilot_is_the_oracle():
+    oracle = pilot_sim.oracle(moving, 4, 16, 100, [0, 50], QUIET, seed=0)
+    ideal = pilot_sim.ceiling(moving, 4, 16, [0, 50], range(100), QUIET, lag=0)
+    assert abs(ideal - oracle) < 1e-9
+
+
+def test_each_update_spent_on_the_old_split_costs_time():
+    steps = range(5, 100)
+    times = [pilot_sim.ceiling(moving, 4, 16, [0, 50], steps, QUIET, lag) for lag in range(6)]
+    assert all(a < b for a, b in zip(times, times[1:], strict=False))
+
+
+def test_where_one_fixed_split_is_best_in_every_phase_no_pilot_beats_it():
+    """The issue's moving scenario at global batch 8: 1,3,1,3 is as fast as either phase's
+    best in both, so a pilot that must see the change first ends below the best fixed split,
+    at any lag; at batch 16 it does not, and a quick pilot beats it."""
+    figures = bench.ceilings([0.0, 6.0])
+    for fixed in ("fixed 0", "fixed 6"):
+        assert all(figures["moving8"][fixed][f"lag {k}"] < 1.0 for k in (1, 3, 5))
+    assert figures["moving8"]["fixed 0"]["best_fixed"] == "1,3,1,3"
+    assert figures["moving16"]["fixed 0"]["lag 3"] > 1.05
+    assert figures["transient16"]["fixed 0"]["lag 3"] > 1.02
