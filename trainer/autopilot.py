@@ -15,7 +15,9 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   `cooldown` updates, unless a rank's cost moved since (a new regime): a change far beyond
   the noise is then followed 4-5 updates after it began (2 figures show it, as many
   confirm it; the next update runs the new split), one nearer the noise within about
-  `Costs.recent` + 4. The global batch never changes, so neither does the math.
+  `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only if
+  it may be slower (it could make the move moot); one that may be faster keeps its batch
+  and the others move without it. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -233,10 +235,11 @@ class Autopilot:
         held = self.streak[1] + 1 if self.streak and self.streak[0] == new else 1
         self.streak = (new, held)
         # a rank's confirmed new cost has been held by its own figures already
-        if held < HOLD and not self.fresh:
+        news = self._news()
+        if held < HOLD and not news:
             return
-        moved = "; rank(s) " + ", ".join(map(str, sorted(self.fresh))) + " changed speed"
-        reason = f"autopilot: predicted {gain:.0%} faster" + (moved if self.fresh else "")
+        moved = "; rank(s) " + ", ".join(map(str, news)) + " changed speed"
+        reason = f"autopilot: predicted {gain:.0%} faster" + (moved if news else "")
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
         before = sorted(self.recent)[len(self.recent) // 2]
         self._changed(split, new, gain, before)
@@ -244,7 +247,13 @@ class Autopilot:
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
         fixed, most = self.fixed()
-        est = [self.costs.estimate(r) for r in range(self.world)]
+        # A rank whose new speed awaits confirmation: one that may be slower now may make
+        # any move moot (it would be the slowest), so the pilot waits for it; one that may
+        # be faster cannot, so it is read at its speed before and keeps its batch in any
+        # move made meanwhile (below): the others need not wait for it (on a box whose
+        # spikes are fast, two in a row are a young shift that two more figures undo).
+        pending = [r for r in range(self.world) if not self.costs.confirmed(r)]
+        est = [self.costs.standing(r) for r in range(self.world)]
         # a regime a confirmed shift began is read from its own few figures (their standard
         # error says how well); any other needs MIN_FIGURES
         if any(
@@ -252,7 +261,7 @@ class Autopilot:
             for r, e in enumerate(est)
         ):
             return split, 0.0, "too few figures"
-        if not all(self.costs.confirmed(r) for r in range(self.world)):
+        if any(self.costs.estimate(r).cost > est[r].cost for r in pending):
             return split, 0.0, "a rank's new speed is not confirmed yet"
         # Ranks whose costs agree within the noise are one cost to the balancer: a split that
         # favours one of them over another would rest on noise.
@@ -264,15 +273,18 @@ class Autopilot:
             best = balance.propose(models, sum(split), self.headroom)
         except balance.BalanceError as e:
             return split, 0.0, str(e)
-        new = nearest(split, costs, best.predicted_s * (1 + TIE), best.caps, fixed)
+        caps = [split[r] if r in pending else cap for r, cap in enumerate(best.caps)]
+        new = nearest(split, costs, best.predicted_s * (1 + TIE), caps, fixed)
         if new == split:
             return split, 0.0, "the split is as fast as any"
+        if any(new[r] != split[r] for r in pending):  # it would have to give
+            return split, 0.0, "a rank's new speed is not confirmed yet"
         before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
         after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
         gain = 1 - max(after) / max(before)
         # Within `cooldown` updates of a change (and no rank's cost moved since), only a
         # gain twice as large: small corrections wait, so noise cannot swing the split.
-        calm = self.since_change < self.cooldown and not self.fresh
+        calm = self.since_change < self.cooldown and not self._news()
         if gain < self.min_gain * (2 if calm else 1):
             return split, gain, "too little to gain"
         # The gain must be more than the noise of the two ranks that decide it.
@@ -288,10 +300,15 @@ class Autopilot:
                 return split, gain, why
         return new, gain, ""
 
+    def _news(self) -> list[int]:
+        """The ranks whose cost moved since the last change, confirmed."""
+        return sorted(r for r in self.fresh if self.costs.confirmed(r))
+
     def _changed(self, old: list[int], new: list[int], gain: float, before: float | None) -> None:
         self.since_change = 0
         self.streak = None
-        self.fresh = set()
+        # a rank whose new speed still awaits confirmation is news yet to answer
+        self.fresh = {r for r in self.fresh if not self.costs.confirmed(r)}
         self.recent.clear()
         for s in (*self.swaps, *self.samples):
             s.clear()

@@ -20,7 +20,8 @@ Three things make the figures of one update a poor guide, each answered here:
   after the ones that showed it (most past halfway to the new level; as many as make the
   whole run as unlikely for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a
   shift read from the median), or *undone* by two back at the old level: those were
-  spikes, and the old regime goes on with them. Until then the autopilot does not act on it.
+  spikes, and the old regime goes on with them. Until then a decision reads the rank at its
+  cost before (`standing`), and the autopilot waits for it or leaves its batch alone.
   The scatter a shift is judged by is one its own figures did not widen: a young regime (a
   restart at a new batch, a shift) is judged by the scatter its rank's last long regime
   showed until it has `MIN_SPREAD_N` figures besides those judged.
@@ -233,6 +234,18 @@ class Costs:
         """Keep the scatter of rank r's regime that ends (if it had figures enough)."""
         if len(regime) >= CARRIED_N:
             self.carried[r] = _spread([self.values[u][r] for u in regime])
+
+    def standing(self, r: int) -> Estimate | None:
+        """Rank r's cost as a decision may take it: its regime's, or while a young shift
+        awaits confirmation, the regime's before it (the shift may yet be undone)."""
+        shift = self.shift[r]
+        if shift is None or shift.confirmed or not shift.before:
+            return self.estimate(r)
+        q = [self.values[u][r] for u in shift.before]
+        sigma = self.sigma(r)
+        return Estimate(
+            math.exp(statistics.median(q)), 1.2533 * sigma / math.sqrt(len(q)), len(q), sigma
+        )
 
     def n(self, r: int) -> int:
         return len(self.regimes[r])

@@ -348,6 +348,55 @@ def test_two_spikes_in_a_row_start_a_shift_that_the_figures_after_them_undo():
     assert costs.estimate(2).cost == pytest.approx(1.0, rel=0.1)
 
 
+def test_while_a_shift_awaits_confirmation_a_decision_takes_the_cost_before_it():
+    costs = Costs(3)
+    steady_then(costs, lambda t: 3.0 if t in (30, 31) else 1.0, 32)  # two spikes: a shift
+    assert not costs.confirmed(2) and costs.estimate(2).cost > 2.0
+    assert costs.standing(2).cost == pytest.approx(1.0, rel=0.1)
+    assert costs.standing(2).n == 18  # the regime before it
+    assert costs.standing(0) == costs.estimate(0)
+
+
+def fly_with_spikes(fast: bool) -> tuple[list, list[int]]:
+    """Four ranks at 4 (a rank's compute is 0.1 s x (6 + batch), this box's fixed part);
+    rank 2 three times slower from update 40; rank 1 twice as fast at 41 and 42 only (two
+    spikes: a young shift that its next figures undo), or twice as slow (`fast` False).
+    The pilot's moves, and the split at update 44."""
+    rng = random.Random(3)
+    pilot, split, moves = Autopilot(4, enabled=True, fixed_samples=6.0), [4, 4, 4, 4], []
+    for t in range(60):
+        cost = [1.0, 1.0, 3.0 if t >= 40 else 1.0, 1.0]
+        if t in (41, 42):
+            cost[1] = 0.5 if fast else 2.0
+        figures = [
+            RankFigures(b, 0.1 * c * (6 + b) * rng.uniform(0.95, 1.05), GiB, 0, 0, None)
+            for c, b in zip(cost, split, strict=True)
+        ]
+        for cmd, args in pilot.observe(split, figures).commands:
+            if cmd == "rebalance":
+                moves.append((t, list(args["split"])))
+                split = list(args["split"])
+    return moves, split
+
+
+def test_a_rank_that_may_be_faster_keeps_its_batch_and_no_one_waits_for_it():
+    """moving16 on the 2-core box (session 15, repeat 2): rank 2's slowdown was confirmed at
+    55, and its move waited to 58 because two fast spikes of rank 1 had started a shift that
+    two more figures had to undo. A rank that may have got faster cannot make the move moot:
+    it keeps its batch, the move goes as soon as rank 2's slowdown is confirmed."""
+    moves, _ = fly_with_spikes(fast=True)
+    first = moves[0]
+    assert first[0] <= 43, moves  # read at 41, confirmed at 43; not after rank 1's undo at 44
+    assert first[1][1] == 4 and first[1][2] < 4  # rank 1 held, rank 2 gives
+
+
+def test_a_rank_that_may_be_slower_is_waited_for():
+    """Two slow figures of rank 1 may be a second slowdown, which would make any move for
+    rank 2 alone moot (rank 1 would be the slowest): the pilot waits until they are undone."""
+    moves, _ = fly_with_spikes(fast=False)
+    assert moves and moves[0][0] >= 44, moves
+
+
 def test_a_shift_soon_after_a_restart_is_read_though_its_figures_are_half_the_regime():
     """moving16 on the 2-core box (session 12, repeat 1): a rank moved to batch 1 recovers
     from 2x four figures later. Its young regime's own scatter, taken over the figures being
