@@ -57,6 +57,9 @@ from trainer.autopilot import Autopilot  # noqa: E402
 
 MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
 FROM = 5  # updates before this one are the first compile and warm-up
+# Until session 16 the trainer applied `--simulate-slowdown ...@N` from update N + 1 as the
+# log numbers them: a results file without "slowdown_lag" was run so, and is judged so.
+LAG_BEFORE = 1
 
 
 def schedule(text: str, world: int = 4):
@@ -147,13 +150,14 @@ def throughput(result: dict, steps) -> float:
     return sum(result["tokens"][s] for s in steps) / sum(result["update_s"][s] for s in steps)
 
 
-def unjustified(changes, factors_at) -> int:
+def unjustified(changes, factors_at, lag: int = 0) -> int:
     """Samples moved to a rank that the schedule did not make faster than the giver, whatever
     a rank's fixed compute (f samples: a rank costs factor x (f + batch), f >= 0 unknown):
-    the giver was no slower per sample, and no slower at f = 0 either."""
+    the giver was no slower per sample, and no slower at f = 0 either. A move is judged by
+    the conditions of the update it is logged at (its last on the old split)."""
     n = 0
     for step, old, new in changes:
-        f = factors_at(step)
+        f = factors_at(step - lag)
         for d in range(len(old)):
             for t in range(len(old)):
                 moved = new[d] < old[d] and new[t] > old[t]
@@ -320,15 +324,17 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def plan(only, plan_fixed) -> dict:
-    """Each scenario's (schedule, updates, factors_at, phases, parts, arms to run)."""
+def plan(only, plan_fixed, lag: int = 0) -> dict:
+    """Each scenario's (schedule, updates, factors_at, phases, parts, arms to run); `lag`:
+    updates from a phase's `@N` to the first logged update it slowed (see LAG_BEFORE)."""
     plans = {}
     for name, (slow, total, updates) in SCENARIOS.items():
         if name not in only:
             continue
         phases, factors_at = schedule(slow)
         bounds = [p for p, _ in phases] + [updates]
-        parts = [range(max(a, FROM), b) for a, b in zip(bounds, bounds[1:], strict=False)]
+        logged = [p + lag for p, _ in phases] + [updates]  # the updates each phase slowed
+        parts = [range(max(a, FROM), b) for a, b in zip(logged, logged[1:], strict=False)]
         # The candidates for hindsight: for each fixed part planned with, the split best over
         # the whole run and each phase's best (noise-free). Each is run fixed; the best fixed
         # split is the one that measured fastest, each phase's oracle the fastest over it.
@@ -354,7 +360,8 @@ def resummarized(path: Path, plan_fixed) -> dict:
             for key in ("tokens", "update_s"):  # JSON made the update numbers strings
                 r[key] = {int(s): v for s, v in r.get(key, {}).items()}
     equal = record.get("summary", {}).get("equal", {}).get("updates", 500)
-    return summarize(plan(set(runs), plan_fixed), runs, equal, plan_fixed)
+    lag = record.get("slowdown_lag", LAG_BEFORE)
+    return summarize(plan(set(runs), plan_fixed, lag), runs, equal, plan_fixed, lag)
 
 
 def main() -> int:
@@ -461,6 +468,7 @@ def main() -> int:
         return {
             "summary": summarize(plans, results, args.equal_updates, args.plan_fixed),
             "command": " ".join(["python", *sys.argv]),
+            "slowdown_lag": 0,  # `@N` slows the update the log numbers N (LAG_BEFORE)
             "machine": {
                 "host": platform.node(),
                 "system": f"{platform.system()} {platform.release()} {platform.machine()}",
@@ -516,7 +524,7 @@ def main() -> int:
     return 0
 
 
-def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
+def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 0) -> dict:
     summary = {}
     for name, (slow, updates, factors_at, phases, parts, arms) in plans.items():
         whole = range(FROM, updates)
@@ -539,10 +547,11 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
                 phase = [measured(a, steps) for a in fixed_arms]
                 t, s = max(phase, key=lambda ts: ts[0] / ts[1])
                 tokens, seconds = tokens + t, seconds + s
-            reactions = []
+            reactions = []  # updates on the old split: the first slowed, to the move's (logged)
             for at, _ in phases[1:]:
-                after = [step for step, _, _ in pilot["changes"] if step >= at]
-                reactions.append(after[0] - at if after else None)
+                first = at + lag
+                after = [step for step, _, _ in pilot["changes"] if step >= first]
+                reactions.append(after[0] - first + 1 if after else None)
             rows.append(
                 {
                     "best_fixed": best,
@@ -551,7 +560,7 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0)) -> dict:
                     "vs_even": mine / throughput(results[name]["even"][rep], whole),
                     "reactions": reactions,
                     "changes": len(pilot["changes"]),
-                    "moves_between_equal_ranks": unjustified(pilot["changes"], factors_at),
+                    "moves_between_equal_ranks": unjustified(pilot["changes"], factors_at, lag),
                     "moves_the_figures_did_not_call_for": _judged(pilot, fixed_parts),
                 }
             )

@@ -127,8 +127,8 @@ def open_run(
     # --- the compiled update (it captures the optimizer state: build it once that is final)
     slowdown = cfg.slowdown(world, rank)
 
-    def factor() -> float:  # the simulated slowdown at the update in progress
-        return next((f for at, f in reversed(slowdown) if state.step >= at), 1.0)
+    def factor() -> float:  # the simulated slowdown of the update in progress
+        return cfg.slowdown_at(slowdown, state.step + 1)
 
     slowed = any(f > 1 for _, f in slowdown)
     shard = templates = None

@@ -377,7 +377,8 @@ class TrainConfig:
         return gib or None
 
     def slowdown(self, world_size: int, rank: int) -> list[tuple[int, float]]:
-        """This rank's simulated slowdown as (from update, factor), in order ([] = none)."""
+        """This rank's simulated slowdown as (from update, factor), in order ([] = none);
+        `slowdown_at` reads it."""
         out: list[tuple[int, float]] = []
         for part in filter(None, (p.strip() for p in self.simulate_slowdown.split(";"))):
             factors, _, start = part.partition("@")
@@ -400,6 +401,12 @@ class TrainConfig:
                 raise ConfigError("--simulate-slowdown: each @update must be later than the last")
             out.append((at, factor))
         return out
+
+    @staticmethod
+    def slowdown_at(schedule: list[tuple[int, float]], update: int) -> float:
+        """The factor of update `update`, numbered as the log numbers them (the first is 1):
+        `@50` slows update 50 on."""
+        return next((f for at, f in reversed(schedule) if update >= at), 1.0)
 
     def validate(self) -> None:
         """Refuse every value that cannot run, naming its key (before anything is built)."""

@@ -79,3 +79,32 @@ def test_the_judge_seldom_calls_for_a_move_between_equal_ranks_and_always_for_a_
     """Its error rates, which the closing notes quote (12, 174, 280 and 300 of 300)."""
     assert calls_for(1.0) <= 15  # 5%: several windows and fixed parts are tried, each at 1%
     assert calls_for(1.5) >= 240 and calls_for(2.0) == 300
+
+
+def fake_runs(move_at: int) -> dict:
+    """benchmarks/autopilot.py's results for moving8, one repeat: every arm at 1 s an update,
+    the pilot's one move logged at `move_at`."""
+    plans = bench.plan({"moving8"}, (0.0, 6.0))
+    arms = plans["moving8"][5]
+    run = {
+        "tokens": dict.fromkeys(range(1, 101), 1024),
+        "update_s": dict.fromkeys(range(1, 101), 1.0),
+    }
+    results = {"moving8": {arm: [dict(run, changes=[])] for arm in arms}, "equal": {"pilot": []}}
+    results["moving8"]["pilot"][0]["changes"] = [(move_at, [1, 3, 2, 2], [2, 3, 1, 2])]
+    return results
+
+
+def test_a_reaction_counts_the_updates_run_on_the_old_split_after_the_change():
+    """`@50` slows the update the log numbers 50 (since session 16): a move logged at 54 (its
+    last update on the old split) leaves 50-54 on it. Files from before, whose trainer slowed
+    update 51 on, are judged with their lag: the same move counts 4."""
+    for lag, counted in ((0, 5), (1, 4)):
+        plans = bench.plan({"moving8"}, (0.0, 6.0), lag)
+        summary = bench.summarize(plans, fake_runs(54), 0, (0.0, 6.0), lag)
+        assert summary["moving8"]["reactions"] == [[counted]]
+    # a move logged before the first slowed update answers the phase before
+    plans = bench.plan({"moving8"}, (0.0, 6.0), 1)
+    assert bench.summarize(plans, fake_runs(50), 0, (0.0, 6.0), 1)["moving8"]["reactions"] == [
+        [None]
+    ]

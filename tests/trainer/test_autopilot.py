@@ -170,6 +170,13 @@ def test_a_slowdown_schedule_is_read_per_rank():
         TrainConfig(simulate_slowdown="2@5;1@5").slowdown(1, 0)
 
 
+def test_a_slowdown_from_update_n_slows_the_update_the_log_numbers_n():
+    """The log numbers updates from 1 (the loop's step after it); `@50` was applied from
+    update 51, one later than the benchmark's judge and the operator read it."""
+    schedule = TrainConfig(synthetic=True, simulate_slowdown="2@0;1,1,3,1@50").slowdown(4, 2)
+    assert [TrainConfig.slowdown_at(schedule, u) for u in (1, 49, 50, 51)] == [2, 2, 3, 3]
+
+
 # --- against this machine's noise (tests/support/pilot_sim.py: shared load, own scatter,
 # spikes, recompiles; an announced decision runs from the next update, others a boundary
 # later, as in a run)
