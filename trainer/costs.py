@@ -241,11 +241,7 @@ class Costs:
         shift = self.shift[r]
         if shift is None or shift.confirmed or not shift.before:
             return self.estimate(r)
-        q = [self.values[u][r] for u in shift.before]
-        sigma = self.sigma(r)
-        return Estimate(
-            math.exp(statistics.median(q)), 1.2533 * sigma / math.sqrt(len(q)), len(q), sigma
-        )
+        return self._estimate(r, [self.values[u][r] for u in shift.before])
 
     def n(self, r: int) -> int:
         return len(self.regimes[r])
@@ -267,8 +263,9 @@ class Costs:
     def estimate(self, r: int) -> Estimate | None:
         """Rank r's relative cost per sample in its regime, or None without figures."""
         q = self._regime(r)
-        if not q:
-            return None
+        return self._estimate(r, q) if q else None
+
+    def _estimate(self, r: int, q: list[float]) -> Estimate:
         sigma = self.sigma(r)
         # the median's standard error: sqrt(pi/2) times the mean's
         return Estimate(
