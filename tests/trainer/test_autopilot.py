@@ -171,8 +171,8 @@ def test_a_slowdown_schedule_is_read_per_rank():
 
 
 def test_a_slowdown_from_update_n_slows_the_update_the_log_numbers_n():
-    """The log numbers updates from 1 (the loop's step after it); `@50` was applied from
-    update 51, one later than the benchmark's judge and the operator read it."""
+    """The log numbers updates from 1 (the update in progress is the loop's step + 1); `@50`
+    was applied from update 51, one later than the operator and the benchmark's judge read it."""
     schedule = TrainConfig(synthetic=True, simulate_slowdown="2@0;1,1,3,1@50").slowdown(4, 2)
     assert [TrainConfig.slowdown_at(schedule, u) for u in (1, 49, 50, 51)] == [2, 2, 3, 3]
 
@@ -364,11 +364,11 @@ def test_while_a_shift_awaits_confirmation_a_decision_takes_the_cost_before_it()
     assert costs.standing(0) == costs.estimate(0)
 
 
-def fly_with_spikes(fast: bool) -> tuple[list, list[int]]:
+def fly_with_spikes(fast: bool) -> list[tuple[int, list[int]]]:
     """Four ranks at 4 (a rank's compute is 0.1 s x (6 + batch), this box's fixed part);
     rank 2 three times slower from update 40; rank 1 twice as fast at 41 and 42 only (two
     spikes: a young shift that its next figures undo), or twice as slow (`fast` False).
-    The pilot's moves, and the split at update 44."""
+    The pilot's moves: (the update whose figures decided it, the split)."""
     rng = random.Random(3)
     pilot, split, moves = Autopilot(4, enabled=True, fixed_samples=6.0), [4, 4, 4, 4], []
     for t in range(60):
@@ -383,7 +383,7 @@ def fly_with_spikes(fast: bool) -> tuple[list, list[int]]:
             if cmd == "rebalance":
                 moves.append((t, list(args["split"])))
                 split = list(args["split"])
-    return moves, split
+    return moves
 
 
 def test_a_rank_that_may_be_faster_keeps_its_batch_and_no_one_waits_for_it():
@@ -391,7 +391,7 @@ def test_a_rank_that_may_be_faster_keeps_its_batch_and_no_one_waits_for_it():
     55, and its move waited to 58 because two fast spikes of rank 1 had started a shift that
     two more figures had to undo. A rank that may have got faster cannot make the move moot:
     it keeps its batch, the move goes as soon as rank 2's slowdown is confirmed."""
-    moves, _ = fly_with_spikes(fast=True)
+    moves = fly_with_spikes(fast=True)
     first = moves[0]
     assert first[0] <= 43, moves  # read at 41, confirmed at 43; not after rank 1's undo at 44
     assert first[1][1] == 4 and first[1][2] < 4  # rank 1 held, rank 2 gives
@@ -400,7 +400,7 @@ def test_a_rank_that_may_be_faster_keeps_its_batch_and_no_one_waits_for_it():
 def test_a_rank_that_may_be_slower_is_waited_for():
     """Two slow figures of rank 1 may be a second slowdown, which would make any move for
     rank 2 alone moot (rank 1 would be the slowest): the pilot waits until they are undone."""
-    moves, _ = fly_with_spikes(fast=False)
+    moves = fly_with_spikes(fast=False)
     assert moves and moves[0][0] >= 44, moves
 
 
