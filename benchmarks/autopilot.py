@@ -60,6 +60,7 @@ FROM = 5  # updates before this one are the first compile and warm-up
 # Until session 16 the trainer applied `--simulate-slowdown ...@N` from update N + 1 as the
 # log numbers them: a results file without "slowdown_lag" was run so, and is judged so.
 LAG_BEFORE = 1
+SIM_COST = 0.05  # the simulator's cost per sample (s): only ratios matter
 
 
 def schedule(text: str, world: int = 4):
@@ -226,20 +227,26 @@ def _t_stat(x: list[float]) -> float:
     return mean / (sd / math.sqrt(len(x)))
 
 
+def simulated_scenarios():
+    """Each scenario as the simulator runs it: (name, global batch, updates, phases, each
+    update's cost per sample of every rank)."""
+    for name, (slow, total, updates) in SCENARIOS.items():
+        phases, factors_at = schedule(slow)
+
+        def costs(t: int, factors_at=factors_at) -> list[float]:
+            return [SIM_COST * f for f in factors_at(t)]
+
+        yield name, total, updates, phases, costs
+
+
 def simulated(
     seeds: int, noise: pilot_sim.Noise, equal_updates: int, fixed_samples: float | None = None
 ) -> dict:
     """The same scenarios in tests/support/pilot_sim.py (no ranks): the pilot (told
     `fixed_samples` of fixed compute a rank, or reading it: None) against the best fixed
     split and the oracle under the same noise, each over updates FROM on."""
-    c = 0.05  # a cost per sample (s): only ratios matter
     out: dict = {}
-    for name, (slow, total, updates) in SCENARIOS.items():
-        phases, factors_at = schedule(slow)
-
-        def costs(t: int, factors_at=factors_at) -> list[float]:
-            return [c * f for f in factors_at(t)]
-
+    for name, total, updates, phases, costs in simulated_scenarios():
         whole, rows = range(FROM, updates), []
         bounds = [p for p, _ in phases] + [updates]
         for seed in range(seeds):
@@ -277,7 +284,7 @@ def simulated(
     equal = [
         len(
             pilot_sim.fly(
-                lambda t: [c] * 4,
+                lambda t: [SIM_COST] * 4,
                 [4] * 4,
                 equal_updates,
                 Autopilot(4, enabled=True, fixed_samples=fixed_samples),
@@ -295,14 +302,8 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
     """What the best fixed split leaves to a pilot, without noise: for each scenario and
     fixed part, the time of the best fixed split over that of the best pilot that answers
     each change `lag` updates after it (pilot_sim.ceiling), and of the oracle (lag 0)."""
-    c = 0.05  # a cost per sample (s): only ratios matter
     out: dict = {}
-    for name, (slow, total, updates) in SCENARIOS.items():
-        phases, factors_at = schedule(slow)
-
-        def costs(t: int, factors_at=factors_at) -> list[float]:
-            return [c * f for f in factors_at(t)]
-
+    for name, total, updates, phases, costs in simulated_scenarios():
         steps, starts = range(FROM, updates), [p for p, _ in phases]
         for fixed in plan_fixed:
             # BOX's recompile and time after the slowest rank, with no fixed part or this one
