@@ -271,10 +271,13 @@ class Autopilot:
             m.per_sample_s, m.fixed_s = c, c * fixed
         try:
             best = balance.propose(models, sum(split), self.headroom)
+            # Pending ranks keep their batches: the fastest the others can make of the rest
+            # (the best split overall may want a pending rank to take, which it may not).
+            target = held(models, split, pending, self.headroom) if pending else best.predicted_s
         except balance.BalanceError as e:
             return split, 0.0, str(e)
         caps = [split[r] if r in pending else cap for r, cap in enumerate(best.caps)]
-        new = nearest(split, costs, best.predicted_s * (1 + TIE), caps, fixed)
+        new = nearest(split, costs, target * (1 + TIE), caps, fixed)
         if new == split:
             return split, 0.0, "the split is as fast as any"
         if any(new[r] != split[r] for r in pending):  # it would have to give
@@ -354,6 +357,17 @@ class Autopilot:
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
         out.events.append(("autopilot", text, data))
+
+
+def held(
+    models: list[balance.RankModel], split: list[int], pinned: list[int], headroom: float
+) -> float:
+    """The predicted time of the fastest split that leaves the `pinned` ranks their batches."""
+    free = [m for m in models if m.rank not in pinned]
+    if not free:
+        raise balance.BalanceError("every rank's new speed awaits confirmation")
+    rest = balance.propose(free, sum(split) - sum(split[r] for r in pinned), headroom)
+    return max(rest.predicted_s, *(models[r].time(split[r]) for r in pinned))
 
 
 def unjustified(

@@ -442,3 +442,30 @@ def test_a_move_must_hold_at_every_fixed_part_the_figures_allow():
     est = [Estimate(4.0, 0.02, 10, 0.05), Estimate(2.0, 0.02, 10, 0.05)]  # read at 0
     assert "slower" in unjustified([2, 6], [3, 5], est, 0.0, 0.0)
     assert unjustified([2, 6], [3, 5], est, 0.0, 6.0) == ""
+
+
+def test_a_rank_that_may_be_faster_keeps_its_batch_though_the_best_split_would_give_it_more():
+    """moving16 on the 2-core box (session 16, repeat 2): rank 0, held at batch 1 while it
+    was slow, recovers as rank 2 slows down. Rank 2's slowdown was confirmed at 55 while rank
+    0's recovery, read against its record of fast spikes, awaited one more figure; the best
+    split gave rank 0 samples, which it may not take yet, the split nearest to that best
+    found no room, and the move waited to 56. It goes as soon as rank 2's slowdown is
+    confirmed, rank 0 held at 1."""
+    rng = random.Random(5)
+    pilot, split, moves = Autopilot(4, enabled=True, fixed_samples=0.0), [1, 5, 5, 5], []
+    for t in range(50):
+        cost = [2.4 if t < 40 else 1.0, 1.0, 3.0 if t >= 40 else 1.0, 1.0]
+        if t < 40 and t % 9 == 4:
+            cost[0] *= 0.6  # this box's fast spikes, one figure in nine
+        figures = [
+            RankFigures(b, 0.02 * c * b * rng.uniform(0.95, 1.05), GiB, 0, 0, None)
+            for c, b in zip(cost, split, strict=True)
+        ]
+        for cmd, args in pilot.observe(split, figures).commands:
+            if cmd == "rebalance":
+                moves.append((t, list(args["split"]), pilot.costs.confirmed(0)))
+                split = list(args["split"])
+    t, first, rank0_confirmed = moves[0]
+    assert t == 43 and not rank0_confirmed, moves  # rank 2 shown at 41, confirmed at 43
+    assert first[0] == 1 and first[2] < 5, moves  # rank 0 held, rank 2 gives
+    assert moves[-1][1] == [5, 5, 1, 5], moves  # and rank 0 takes once it is confirmed
