@@ -22,9 +22,9 @@ Three things make the figures of one update a poor guide, each answered here:
   shift read from the median), or *undone* by two back at the old level: those were
   spikes, and the old regime goes on with them. Until then a decision reads the rank at its
   cost before (`standing`), and the autopilot waits for it or leaves its batch alone.
-  The scatter a shift is judged by is one its own figures did not widen: a young regime (a
-  restart at a new batch, a shift) is judged by the scatter its rank's last long regime
-  showed until it has `MIN_SPREAD_N` figures besides those judged.
+  The scatter a shift is judged by is one its own figures did not widen: its regime's
+  without them, and for a young regime (a restart at a new batch, a shift) the scatter its
+  rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
 grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are
@@ -248,14 +248,16 @@ class Costs:
 
     def sigma(self, r: int, but: int = 0) -> float:
         """The log-scatter of one figure of rank r, never below the ranks' pooled one (four
-        figures' MAD is itself noise): its regime's own once it has MIN_SPREAD_N figures
-        besides its newest `but` (those being judged), else its last regime's. A regime
+        figures' MAD is itself noise): its regime's own, read without its newest `but` (those
+        being judged), once it has MIN_SPREAD_N figures besides them, else its last regime's.
+        A run of figures at a new level widens the scatter about the regime's median with
+        every figure, and would hide the shift it shows (session 16's recoveries). A regime
         that began at a restart can be half at a new level within 5 figures: its own MAD is
         then about the shift, and would hide it."""
-        trusted = [
-            q for q in range(self.world) if self.n(q) - (but if q == r else 0) >= MIN_SPREAD_N
-        ]
-        own = {q: _spread(self._regime(q)) for q in trusted}
+        regimes = {q: self._regime(q) for q in range(self.world)}
+        if but:  # the figures being judged would widen the scatter that judges them
+            regimes[r] = regimes[r][:-but]
+        own = {q: _spread(x) for q, x in regimes.items() if len(x) >= MIN_SPREAD_N}
         pooled = statistics.median(own.values()) if own else SIGMA_PRIOR
         mine = own.get(r, self.carried[r])
         return max(pooled if mine is None else mine, pooled, SIGMA_FLOOR)
