@@ -97,6 +97,12 @@ def record(run_dir: str | Path, ports: RecordedPorts) -> Path:
     """Write RUN/telemetry/ports.json (rank 0, once its socket is bound)."""
     path = ports_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, encode(ports))
+    return path
+
+
+def encode(ports: RecordedPorts) -> str:
+    """A ports record as RUN/telemetry/ports.json holds it."""
     fields = {
         "base": ports.base,
         "world_size": ports.world_size,
@@ -104,8 +110,7 @@ def record(run_dir: str | Path, ports: RecordedPorts) -> Path:
         "host": ports.host,
         "run_id": ports.run_id,
     }
-    atomic_write(path, json.dumps(fields, indent=2) + "\n")
-    return path
+    return json.dumps(fields, indent=2) + "\n"
 
 
 def keep(run_dir: str | Path, served: RecordedPorts | None) -> Path | None:

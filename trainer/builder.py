@@ -57,7 +57,8 @@ def open_run(
     rank, world = cluster.rank, cluster.size
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cluster.is_root:
+    keeper = Keeper(run_dir, warn) if cluster.is_root else None  # the key, kept in memory
+    if keeper is not None:
         for tmp, dest in catalog.adopt(run_dir):
             say(f"recovered checkpoint {dest.name} from {tmp.name}, left by a save cut short")
         for p in catalog.clear_orphans(run_dir):
@@ -66,6 +67,7 @@ def open_run(
         resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
         try:
             atomic_write(rundir.at(run_dir).config, resolved)
+            keeper.keep(rundir.at(run_dir).config, resolved.encode())
         except OSError as e:  # a full disk: the run goes on (each checkpoint has its own copy)
             warn(f"could not write {rundir.at(run_dir).config} ({e.strerror or e}); going on")
 
@@ -160,7 +162,6 @@ def open_run(
     )
     stepper.limit = limit
     commands = CommandQueue()
-    keeper = Keeper(run_dir, warn) if cluster.is_root else None  # the key, kept in memory
     reporter = open_telemetry(
         cfg, cluster, commands, split[layout.replica], layout, say, explicit, keeper
     )
@@ -186,8 +187,6 @@ def open_run(
         last_saved=resume,  # a resumed run has a checkpoint to go back to from the start
         keeper=keeper,
     )
-    if keeper is not None:
-        keeper.remember()
     run.pilot = Autopilot(
         world,
         enabled=cfg.autopilot and layout.tensor == 1,
@@ -388,6 +387,8 @@ def open_telemetry(
             base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
         )
         where = ports.keep(run_dir, served if port else None)
+        if where is not None and keeper is not None:
+            keeper.keep(where, ports.encode(served).encode())
         if where is not None:
             moved = (
                 f" (the default {cfg.telemetry_port_base} is taken)"

@@ -4,8 +4,9 @@ A run folder removed mid-run (`rm -rf RUN`, a cleanup job, a disk swapped) leave
 training on files that no longer have names: `fleet telemetry send --run-dir RUN` then finds
 "no control key" for the rest of the run, and a second process could take the folder. Rank
 0 holds the control key in memory, and a copy of the small files it wrote (the ports
-record, the resolved config); about every CHECK_S seconds its watchdog thread (never the
-loop) writes back what is missing, takes the folder's lock again, and says so once.
+record, the resolved config) taken as it wrote them; about every CHECK_S seconds its
+watchdog thread (never the loop) writes back what is missing, takes the folder's lock
+again, and says so once.
 Checkpoints need nothing here: the next save makes its folder again. What was logged
 before the removal is lost with it.
 
@@ -15,7 +16,6 @@ goes on, and the key is written as soon as the disk lets it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import threading
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from telemetry import auth, rundir
-from telemetry.files import atomic_write, read_regular
+from telemetry.files import atomic_write
 
 CHECK_S = 5.0  # how often rank 0 looks (one stat of the key file)
 
@@ -58,12 +58,10 @@ class Keeper:
             )
         return self.key
 
-    def remember(self) -> None:
-        """Keep a copy of the small files this run has written so far."""
-        folder = rundir.at(self.run_dir)
-        for path in (Path(folder.ports), Path(folder.config)):
-            with contextlib.suppress(OSError):
-                self.copies[path] = read_regular(path, 1 << 20)
+    def keep(self, path: str | os.PathLike[str], blob: bytes) -> None:
+        """Keep a copy of a small file this run writes, as it writes it (read back later, a
+        folder removed in between would leave nothing to keep)."""
+        self.copies[Path(path)] = blob
 
     def check(self, now: float | None = None) -> list[Path]:
         """Every CHECK_S s: write back what is missing; returns what was written."""
