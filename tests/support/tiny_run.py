@@ -1,5 +1,5 @@
-"""Helpers for tests of in-process runs: a tiny trained run, a checkpoint's arrays, and a
-one-line CLI failure."""
+"""Helpers for tests of in-process runs: the smallest config, a tiny trained run, a
+checkpoint's arrays, and a one-line CLI failure."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ class OneRank:
 
     def size(self) -> int:
         return 1
+
+
+def smallest(run: Path, **over) -> TrainConfig:
+    """The smallest synthetic run a test builds in-process (`open_run`), in folder `run`."""
+    fields = dict(synthetic=True, depth=1, width=32, heads=1, seq_len=16, vocab=64)
+    return TrainConfig(**(fields | dict(run_dir=str(run), **over)))
 
 
 def train_tiny(data: Path | None, run: Path, **over) -> Path:

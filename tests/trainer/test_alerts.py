@@ -6,10 +6,9 @@ import json
 import socket
 
 from telemetry.records import run_id_of
-from tests.support.tiny_run import OneRank
+from tests.support.tiny_run import OneRank, smallest
 from trainer.alerts import Alerts
 from trainer.builder import open_run
-from trainer.config import TrainConfig
 from trainer.distributed import Cluster
 
 
@@ -31,16 +30,7 @@ def test_every_alert_says_which_run_host_and_rank(tmp_path):
 
 def test_a_run_gives_its_alerts_its_identity(tmp_path):
     run_dir = tmp_path / "run"
-    cfg = TrainConfig(
-        synthetic=True,
-        depth=1,
-        width=32,
-        heads=1,
-        seq_len=16,
-        vocab=64,
-        run_dir=str(run_dir),
-        telemetry_port_base=0,
-    )
+    cfg = smallest(run_dir, telemetry_port_base=0)
     run = open_run(cfg, Cluster(OneRank()), None, lambda msg: None)
     try:
         assert run.alerts.identity == {

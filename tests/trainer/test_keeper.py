@@ -9,9 +9,8 @@ from pathlib import Path
 
 from telemetry import ports, rundir
 from tests.support.fleet import free_port
-from tests.support.tiny_run import OneRank
+from tests.support.tiny_run import OneRank, smallest
 from trainer.builder import open_run
-from trainer.config import TrainConfig
 from trainer.distributed import Cluster
 
 
@@ -24,16 +23,7 @@ def test_a_folder_removed_as_soon_as_its_ports_record_is_written_gets_it_back(
     and `fleet telemetry send` knocked on the default port."""
     run_dir = tmp_path / "run"
     base = free_port(1)
-    cfg = TrainConfig(
-        synthetic=True,
-        depth=1,
-        width=32,
-        heads=1,
-        seq_len=16,
-        vocab=64,
-        run_dir=str(run_dir),
-        telemetry_port_base=base,
-    )
+    cfg = smallest(run_dir, telemetry_port_base=base)
     written = ports.keep
 
     def keep_then_remove(run, served):
