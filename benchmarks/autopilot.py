@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,8 +308,7 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
         steps, starts = range(FROM, updates), [p for p, _ in phases]
         for fixed in plan_fixed:
             # BOX's recompile and time after the slowest rank, with no fixed part or this one
-            noise = pilot_sim.Noise(**{**pilot_sim.BOX.__dict__, "fixed_samples": fixed})
-            noise.shared = noise.own = noise.spikes = 0.0
+            noise = replace(pilot_sim.BOX, fixed_samples=fixed, shared=0.0, own=0.0, spikes=0.0)
             best = pilot_sim.best_split(costs, 4, total, steps, noise)
             fixed_s = pilot_sim.expected(costs, best, steps, noise)
             out.setdefault(name, {})[f"fixed {fixed:g}"] = {

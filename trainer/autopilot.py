@@ -276,12 +276,12 @@ class Autopilot:
             target = held(models, split, pending, self.headroom) if pending else best.predicted_s
         except balance.BalanceError as e:
             return split, 0.0, str(e)
+        # a pending rank's cap is its batch, and the target has room for that batch: it
+        # neither takes nor gives
         caps = [split[r] if r in pending else cap for r, cap in enumerate(best.caps)]
         new = nearest(split, costs, target * (1 + TIE), caps, fixed)
         if new == split:
             return split, 0.0, "the split is as fast as any"
-        if any(new[r] != split[r] for r in pending):  # it would have to give
-            return split, 0.0, "a rank's new speed is not confirmed yet"
         before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
         after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
         gain = 1 - max(after) / max(before)

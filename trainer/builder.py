@@ -65,11 +65,12 @@ def open_run(
             say(f"removed an unfinished checkpoint left by a crash: {p}")
         # The resolved config, as this session runs it (checkpoints keep their own copy).
         resolved = json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+        config = rundir.at(run_dir).config
         try:
-            atomic_write(rundir.at(run_dir).config, resolved)
-            keeper.keep(rundir.at(run_dir).config, resolved.encode())
+            atomic_write(config, resolved)
+            keeper.keep(config, resolved.encode())
         except OSError as e:  # a full disk: the run goes on (each checkpoint has its own copy)
-            warn(f"could not write {rundir.at(run_dir).config} ({e.strerror or e}); going on")
+            warn(f"could not write {config} ({e.strerror or e}); going on")
 
     # --- device, memory limits, data, model and its layout over the ranks
     graphs = cuda_graphs.apply(cfg.cuda_graphs)  # before MLX's first kernel
@@ -387,9 +388,9 @@ def open_telemetry(
             base, cluster.size, cfg.telemetry_bind, hello.host, hello.run_id
         )
         where = ports.keep(run_dir, served if port else None)
-        if where is not None and keeper is not None:
-            keeper.keep(where, ports.encode(served).encode())
         if where is not None:
+            if keeper is not None:  # its copy, as written (trainer/keeper.py)
+                keeper.keep(where, ports.encode(served).encode())
             moved = (
                 f" (the default {cfg.telemetry_port_base} is taken)"
                 if base != cfg.telemetry_port_base
