@@ -38,6 +38,8 @@ _RING_WORDS = re.compile(
     r"Too many send/recv errors\. Failing pending "
     r"tasks\.\.\.|-?\d+|[ \t])+"
 )
+# ...or after mlx.launch's own warning marker, cut from its message (seen in CI)
+_LAUNCH_MARK = re.compile(r"(?:\x1b\[33m)?\[WARN\] ?(?=\[ring\])")
 _RING_WORD = re.compile(r"\[ring\]|socket|Socket|closed by the peer|errno|no progress|send/recv")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 HELD_LINES = 200  # consequences held back until the cause shows (lines; beyond: shown)
@@ -341,8 +343,10 @@ class Supervisor:
 
 def _ring_words(line: str) -> tuple[str, str]:
     """(the ring backend's words that `line` begins with, the rest of it); ("", line) when
-    it begins with none (digits or blanks alone are not the ring's)."""
-    m = _RING_WORDS.match(line)
+    it begins with none (digits or blanks alone are not the ring's). mlx.launch's warning
+    marker glued in front of them counts with them: its message went elsewhere."""
+    mark = _LAUNCH_MARK.match(line)
+    m = _RING_WORDS.match(line, mark.end() if mark else 0)
     if m is None or not _RING_WORD.search(m.group()):
         return "", line  # digits or spaces alone: a line of its own
-    return m.group(), line[m.end() :]
+    return line[: m.end()], line[m.end() :]

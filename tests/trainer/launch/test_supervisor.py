@@ -95,6 +95,23 @@ def test_the_ring_backends_words_cut_and_jumbled_are_left_out_and_the_cause_kept
     assert sup.hidden == 6  # 5 pieces of the ring's (the lone digit ends one) and 1 peer's
 
 
+def test_a_ring_message_glued_after_mlx_launchs_warning_marker_is_left_out(capsys):
+    """Seen in CI (session 17): mlx.launch's "[WARN]" marker, cut from its own message, with a
+    ring message glued after it; shown as a line of its own, a second "[ring]"."""
+    sup = Supervisor([], {})
+    sup.proc = SimpleNamespace(
+        stderr=io.StringIO(
+            WARN.format("Node with rank 1 exited with code 2")
+            + "\x1b[33m[WARN][ring] Socket 3 was closed by the peer\n"
+            + "[ring] Socket 5 was closed by the peer\n"
+        )
+    )
+    sup._relay()
+    shown = capsys.readouterr().err
+    assert shown.count("[ring]") == 1 and "[ring] Socket 5 was closed" in shown
+    assert "Node with rank 1 exited with code 2" in shown and sup.hidden == 1
+
+
 def test_a_line_of_digits_before_any_ring_words_is_a_rank_s_own():
     sup = Supervisor([], {})
     sup.proc = SimpleNamespace(stderr=io.StringIO("42\n[ring] Socket 3 was closed by the peer\n"))
