@@ -375,8 +375,8 @@ def main() -> int:
         type=lambda text: [float(f) for f in text.split(",")],
         default=[0.0, 6.0],
         help="fixed parts of a rank's compute (samples) to plan the hindsight splits with; "
-        "each plan's splits are run fixed (default 0,6: none, and this box's, measured by "
-        "benchmarks/rank_noise.py)",
+        "each plan's splits are run fixed (default 0,6: none, and a large one, as session 7 "
+        "read this box; it reads about 1 now, between the two)",
     )
     ap.add_argument("--out", default="", help="the results JSON (its folder is made)")
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
@@ -393,7 +393,7 @@ def main() -> int:
         type=float,
         default=None,
         help="--sim: the pilot is told a rank's fixed compute, in samples (Autopilot's "
-        "fixed_samples; pilot_sim.BOX has 6; default: it reads it from its moves)",
+        "fixed_samples; pilot_sim.BOX has 1.1; default: it reads it from its moves)",
     )
     ap.add_argument(
         "--summarize",
@@ -426,7 +426,7 @@ def main() -> int:
             for label, noise in (
                 ("quiet", pilot_sim.QUIET),
                 ("noisy", pilot_sim.Noise()),
-                ("box", pilot_sim.BOX),  # measured: benchmarks/rank_noise.py
+                ("box", pilot_sim.BOX),  # measured on this box (pilot_sim.py says how)
             )
         }
         print(json.dumps(figures, indent=1))

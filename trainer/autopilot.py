@@ -6,14 +6,14 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
 - **Rebalance** to the split the balancer (telemetry/balance.py) predicts fastest from each
   rank's cost per sample (trainer/costs.py: relative to its peers, in regimes, with a
   standard error) and the fixed part of every rank's compute (trainer/fixed_part.py: read
-  from the split's own changes; it steers by the least the figures show). Of the splits that
-  fast, it takes the nearest to the current one (fewest samples moved), and moves only when
-  every sample goes from a rank clearly slower than where it lands under every fixed part
-  the figures allow, the gain is at least `min_gain` and beyond what the noise explains, and
-  the same split was proposed at two boundaries in a row (at one, where a rank's confirmed
-  new cost is the reason: its own figures held it already). After a change it waits
-  `cooldown` updates, unless a rank's cost moved since (a new regime): a change far beyond
-  the noise is then followed 4-5 updates after it began (2 figures show it, as many
+  from the split's own changes; it steers by their best fit). Of the splits that fast,
+  it takes the nearest to the current one (fewest samples moved), and moves only when every
+  sample goes from a rank clearly slower than where it lands (under that fixed part and the
+  most the figures allow), the gain is at least `min_gain` and beyond what the noise
+  explains, and the same split was proposed at two boundaries in a row (at one, where a
+  rank's confirmed new cost is the reason: its own figures held it already). After a change
+  it waits `cooldown` updates, unless a rank's cost moved since (a new regime): a change far
+  beyond the noise is then followed 4-5 updates after it began (2 figures show it, as many
   confirm it; the next update runs the new split), one nearer the noise within about
   `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only if
   it may be slower (it could make the move moot); one that may be faster keeps its batch
@@ -208,11 +208,11 @@ class Autopilot:
     # --- speed --------------------------------------------------------------------------------
     def fixed(self) -> tuple[float, float]:
         """The fixed part in samples that the pilot steers by, and the most the figures
-        allow: told, or read from the split's changes (the least they show; 0 before any)."""
+        allow: told, or read from the split's changes (their best fit; 0 before any)."""
         if self.fixed_samples is not None:
             return self.fixed_samples, self.fixed_samples
         read = self.fixed_part.reading()
-        return (read.least, read.most) if read else (0.0, 0.0)
+        return (read.best, read.most) if read else (0.0, 0.0)
 
     def _models(self) -> list[balance.RankModel]:
         """Each rank's model for the balancer: compute of its relative cost per sample
@@ -295,8 +295,11 @@ class Autopilot:
         c = max(range(self.world), key=lambda r: after[r])
         if a != c and math.log(before[a] / after[c]) < Z_GAIN * math.hypot(est[a].se, est[c].se):
             return split, gain, "a gain within the noise"
-        # Each sample must go to a rank that is faster under every fixed part the figures
-        # allow (the least is the strictest: it reads a taker's extra samples as dearest).
+        # Each sample must go to a rank that is faster under the fixed part steered by, and
+        # under the most the figures allow (a big one makes a move between unequal batches
+        # futile). Not under the least: often 0 where the true part is about 1, it reads a
+        # rank left 1 sample a third dearer than it is (session 17's moving16 waited 10
+        # updates for such a rank).
         for f in sorted({fixed, most}):
             why = unjustified(split, new, est, fixed, f)
             if why:
@@ -327,13 +330,13 @@ class Autopilot:
         """Tell the operator when the fixed part read from the changes moves (by at least a
         sample, and a quarter of what they last heard)."""
         read = self.fixed_part.reading() if self.fixed_samples is None else None
-        if read is None or abs(read.least - self.told_fixed) < max(1.0, self.told_fixed / 4):
+        if read is None or abs(read.best - self.told_fixed) < max(1.0, self.told_fixed / 4):
             return
-        self.told_fixed = read.least
+        self.told_fixed = read.best
         text = (
-            f"a rank's fixed compute (not growing with its batch) reads as at least "
-            f"{read.least:.1f} samples' worth (best fit {read.best:.1f}, at most "
-            f"{read.most:.1f}; from {read.changes} split change(s))"
+            f"a rank's fixed compute (not growing with its batch) reads as "
+            f"{read.best:.1f} samples' worth ({read.least:.1f} to {read.most:.1f}; from "
+            f"{read.changes} split change(s))"
         )
         data = {"least": read.least, "best": read.best, "most": read.most}
         out.events.append(("autopilot", text, data))

@@ -13,7 +13,15 @@ log compute times are taken relative to the update's mean (what all ranks share 
 the medians of the `window` updates before a change and after it (its first update
 recompiles and is not read) give each rank's change, and the F that explains every rank's
 change over the last `moves` changes best (a robust least squares, in standard errors) is
-the best fit, with the range of F the figures do not rule out. Pure Python (no mlx).
+the best fit, with the range of F the figures do not rule out.
+
+The fit carries a prior toward small fixed parts (`PRIOR`). A change in whose windows a
+rank's cost moved (a rank that slowed in the update its batch fell) reads as a fixed part of
+tens of samples, and while the changes are few the best fit can jump between that and the
+true one as the windows fill: session 13's gradual16 repeat 2, updates 55-60, read 64, 0.59,
+0.25, 64, 64, 0.25 samples without it, and 0.84, 0.59, 0.25, 6.7, 0.84, 0.25 with it. Where
+the figures pin the fixed part down (moves of several samples a rank) it moves the fit
+little. Pure Python (no mlx).
 """
 
 from __future__ import annotations
@@ -30,13 +38,19 @@ CAP = 3.0  # standard errors beyond which a rank's change counts no more (its co
 MIN_SHIFT = math.log(1.25)  # a window whose halves differ by this much holds a cost shift
 CHI2 = 3.84  # the score's rise that bounds the range (95% for one parameter)
 SIGMA_FLOOR = 0.03  # no machine is steadier than this (log units)
+# The prior: log(1 + F) is 0 give or take this much (a fixed part of 1.7 samples costs the
+# fit as much as one rank's change one standard error off, 6.4 samples as much as two). This
+# project's 2-core box measured about 1 sample (session 17's fixed arms, tests/support/
+# pilot_sim.BOX); tens of samples are let through only where several changes agree.
+PRIOR = 1.0
 
 
 @dataclass(frozen=True)
 class Reading:
-    """The fixed part in samples: the least and the most the figures allow, and their best
-    fit. A pilot steers by the least: where the figures say little, that is the 0 it assumed
-    before it had any (a fixed part read too large makes every move look futile)."""
+    """The fixed part in samples: the best fit (with the prior), and the least and the most
+    the figures allow. A pilot steers by the best fit: the least is often 0 where the part is
+    about 1, and read at 0 a rank left 1 sample looks a third dearer per sample than its
+    peers, and is given its samples back a few at a time (session 17's moving16)."""
 
     least: float
     best: float
@@ -146,7 +160,7 @@ class FixedPart:
             return None
 
         def score(f: float) -> float:
-            total = 0.0
+            total = (math.log1p(f) / PRIOR) ** 2
             for moved, se, b1, b2, r in terms:
                 predicted = _relative(b2, f, r) - _relative(b1, f, r)
                 total += min(((moved - predicted) / se) ** 2, CAP * CAP)

@@ -47,18 +47,20 @@ QUIET = Noise(shared=0.1, own=0.08, spikes=0.01)
 # log-scatter 0.09 with no carry-over (lag-1 autocorrelation -0.02), what all share 0.11, and
 # one figure in nine far *faster* than its peers (0.43-0.76x: the rank that got a core first
 # while the others waited), none far slower.
-# Read from real moving16 pilot runs on the same box (RESULTS, session 7): a rank's compute
-# is about (6 + batch) samples' worth (+1 sample added ~14 ms to ~140 at batch 4), an update
-# ends ~2.3 samples' compute after its slowest rank, and the first update at a new batch
-# takes 2.4x (median of 18) the rank's compute.
+# Read from the real runs of benchmarks/autopilot.py on the same box: a rank's compute is
+# about (1.1 + batch) samples' worth (session 17's fixed arms, each rank's median compute
+# over a phase against its batch, 1 to 8: benchmarks/results/2026-12-04-s17/
+# fixed_part_fit.py.txt; session 7 read 6 from pilot runs), the first update at a new batch
+# takes 2.8x the rank's compute (median of 205 changes in sessions 16-17; session 7: 2.4x),
+# and an update ends ~2.3 samples' compute after its slowest rank (session 7).
 BOX = Noise(
     shared=0.11,
     own=0.09,
     spikes=0.11,
     spike_range=(0.43, 0.76),
-    fixed_samples=6.0,
+    fixed_samples=1.1,
     overhead=2.3,
-    recompile=1.4,
+    recompile=1.8,
 )
 
 

@@ -3,6 +3,7 @@ memory (fast: figures as ranks report them), and on real ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -12,6 +13,7 @@ import pytest
 
 from telemetry.units import GiB
 from tests.support import pilot_sim
+from tests.support.fleet import ROOT
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot, Decision, RankFigures, nearest, pooled, unjustified
 from trainer.config import ConfigError, TrainConfig
@@ -227,9 +229,12 @@ def transient(t: int) -> list[float]:
     return [C, 3 * C if 30 <= t < 60 else C, C, C]
 
 
+SIX = dataclasses.replace(pilot_sim.BOX, fixed_samples=6.0)
+
+
 def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
-    """Ranks whose compute has a fixed part (pilot_sim.BOX: 6 samples' worth, as measured on
-    real ranks). The slow rank is left 1 sample; when it recovers, its compute (6 + 1) is
+    """Ranks whose compute has a fixed part of 6 samples' worth (as session 7 read this
+    project's box). The slow rank is left 1 sample; when it recovers, its compute (6 + 1) is
     still dear per sample read as cost x batch, and a pilot that assumes no fixed part never
     gives it its samples back. Reading the fixed part from its own move, the pilot does."""
     back, readings = {}, []
@@ -237,13 +242,38 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
         back[fixed] = []
         for seed in range(6):
             pilot = Autopilot(4, enabled=True, fixed_samples=fixed)
-            out = pilot_sim.fly(transient, [4] * 4, 100, pilot, pilot_sim.BOX, seed)
+            out = pilot_sim.fly(transient, [4] * 4, 100, pilot, SIX, seed)
             assert out.unjustified == [], out.changes
             back[fixed].append(out.splits[-1][1])
             if fixed is None:
                 readings.append(pilot.fixed_part.reading())
     assert sum(b >= 3 for b in back[None]) >= 5 and max(back[0.0]) == 1, back
     assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 4, readings
+
+
+def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move():
+    """Session 17's moving16 repeat 1 (tests/support/traces/moving16_s17.json: each update's
+    batch and compute time of 4 real ranks on the 2-core box, where a rank at batch 1 costs
+    a little more per sample than at 5-7). Rank 0, twice as slow and left 1 sample, is itself
+    again from update 51; rank 2 is three times as slow from 51, and the pilot moved to
+    1,7,2,6 at 53. Steering by the least fixed part the figures allowed (0), it read rank 0
+    a third dearer per sample than its peers and gave it its samples back two at a time,
+    3,6,1,6 at 63 and 5,5,1,5 at 73. Steered by the fit (about 0.3 samples) it moves to
+    5,5,1,5 by 60, and decides the run's first three moves as the run did."""
+    trace = json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+    pilot = Autopilot(4, enabled=True)
+    moves = []
+    for step, row in enumerate(trace["figures"], trace["first_update"]):
+        split = [b for b, _ in row]
+        announced = pilot.may_decide()  # applied at this update's boundary, or the next
+        decision = pilot.observe(split, [RankFigures(b, c, GiB, 0, 0, None) for b, c in row])
+        at = step if announced else step + 1
+        moves += [[at, split, a["split"]] for cmd, a in decision.commands if cmd == "rebalance"]
+        if len(moves) == 4:
+            break
+    assert moves[:3] == trace["changes"][:3]
+    assert moves[3][2] == [5, 5, 1, 5] and moves[3][0] <= 60, moves
+    assert 0.1 <= pilot.fixed()[0] <= 1.0
 
 
 def test_where_ranks_have_no_fixed_part_reading_it_changes_nothing():
