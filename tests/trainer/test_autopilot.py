@@ -255,11 +255,11 @@ def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(
     """Session 17's moving16 repeat 1 (tests/support/traces/moving16_s17.json: each update's
     batch and compute time of 4 real ranks on the 2-core box, where a rank at batch 1 costs
     a little more per sample than at 5-7). Rank 0, twice as slow and left 1 sample, is itself
-    again from update 51; rank 2 is three times as slow from 51, and the pilot moved to
-    1,7,2,6 at 53. Steering by the least fixed part the figures allowed (0), it read rank 0
-    a third dearer per sample than its peers and gave it its samples back two at a time,
-    3,6,1,6 at 63 and 5,5,1,5 at 73. Steered by the fit (about 0.3 samples) it moves to
-    5,5,1,5 by 60, and decides the run's first three moves as the run did."""
+    again from update 50, when rank 2 turns three times as slow; the pilot moved to 1,7,2,6
+    at 53. Steering by the least fixed part the figures allowed (0), it read rank 0 a third
+    dearer per sample than its peers and gave it its samples back two at a time, 3,6,1,6
+    at 63 and 5,5,1,5 at 73. Steered by the fit (0.3-0.5 samples) it moves to 5,5,1,5 by
+    60, and decides the run's first three moves as the run did."""
     trace = json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
     pilot = Autopilot(4, enabled=True)
     moves = []
