@@ -111,6 +111,10 @@ class Autopilot:
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
         out = Decision()
+        if not any(f.compute_s > 0 for f in figures):
+            # the boundary before a run's first update (or a resumed run's): nothing measured
+            # yet, and the next update is the one that compiles
+            return out
         if self.last_split is not None and split != self.last_split:
             # The split changed (ours, or an operator's): the ranks whose batch changed just
             # ran their first update at it (a recompile, and under the auto memory limit the

@@ -87,6 +87,8 @@ class FixedPart:
 
     def add(self, split: Sequence[int], compute_s: Sequence[float]) -> None:
         """One update's batches and compute times."""
+        if not all(c > 0 for c in compute_s):
+            return  # some rank measured nothing (before a run's first update): not the recompile
         split = tuple(split)
         if split != self.split:
             self._close()
@@ -94,7 +96,7 @@ class FixedPart:
                 self.open = _Change(self.split, split, list(self.rows))
             self.rows.clear()
             self.split, self.skip = split, True
-        if self.skip or not all(c > 0 for c in compute_s):
+        if self.skip:
             self.skip = False  # the first update at a new split recompiles
             return
         logs = [math.log(c) for c in compute_s]

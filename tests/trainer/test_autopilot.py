@@ -276,6 +276,23 @@ def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(
     assert 0.1 <= pilot.fixed()[0] <= 1.0
 
 
+def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
+    """Every run's first boundary (and a resumed run's) comes before any update: its figures
+    are zeros. The fixed-part reader took it for the update that recompiles at the first
+    split, and read the real first update, a compile, into its first window. Session 18's
+    moving16 repeat 1 then moved to 4,4,4,4 at 49 where its figures, replayed, say 2,5,5,4."""
+    trace = json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+    pilots = [Autopilot(4, enabled=True), Autopilot(4, enabled=True)]
+    first = [b for b, _ in trace["figures"][0]]
+    pilots[1].observe(first, [RankFigures(b, 0.0, 0, 0, 0, None) for b in first])
+    for row in trace["figures"]:
+        split = [b for b, _ in row]
+        figures = [RankFigures(b, c, GiB, 0, 0, None) for b, c in row]
+        seen = [(p.observe(split, figures).commands, p.fixed_part.reading()) for p in pilots]
+        assert seen[0] == seen[1]
+        assert pilots[0].since_change == pilots[1].since_change
+
+
 def test_where_ranks_have_no_fixed_part_reading_it_changes_nothing():
     for seed in range(4):
         told = Autopilot(4, enabled=True, fixed_samples=0.0)
