@@ -251,6 +251,17 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 4, readings
 
 
+def moving16_s17() -> dict:
+    """Session 17's moving16 repeat 1, as tests/support/traces/moving16_s17.json keeps it."""
+    return json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+
+
+def traced(row: list) -> tuple[list[int], list[RankFigures]]:
+    """One update of a kept trace, [[batch, compute_s], ...]: its split, and its figures as
+    the controller hands them to the pilot (memory left out)."""
+    return [b for b, _ in row], [RankFigures(b, c, GiB, 0, 0, None) for b, c in row]
+
+
 def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move():
     """Session 17's moving16 repeat 1 (tests/support/traces/moving16_s17.json: each update's
     batch and compute time of 4 real ranks on the 2-core box, where a rank at batch 1 costs
@@ -260,13 +271,13 @@ def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(
     dearer per sample than its peers and gave it its samples back two at a time, 3,6,1,6
     at 63 and 5,5,1,5 at 73. Steered by the fit (0.3-0.5 samples) it moves to 5,5,1,5 by
     60, and decides the run's first three moves as the run did."""
-    trace = json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+    trace = moving16_s17()
     pilot = Autopilot(4, enabled=True)
     moves = []
     for step, row in enumerate(trace["figures"], trace["first_update"]):
-        split = [b for b, _ in row]
+        split, figures = traced(row)
         announced = pilot.may_decide()  # applied at this update's boundary, or the next
-        decision = pilot.observe(split, [RankFigures(b, c, GiB, 0, 0, None) for b, c in row])
+        decision = pilot.observe(split, figures)
         at = step if announced else step + 1
         moves += [[at, split, a["split"]] for cmd, a in decision.commands if cmd == "rebalance"]
         if len(moves) == 4:
@@ -281,13 +292,12 @@ def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
     are zeros. The fixed-part reader took it for the update that recompiles at the first
     split, and read the real first update, a compile, into its first window. Session 18's
     moving16 repeat 1 then moved to 4,4,4,4 at 49 where its figures, replayed, say 2,5,5,4."""
-    trace = json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+    trace = moving16_s17()
     pilots = [Autopilot(4, enabled=True), Autopilot(4, enabled=True)]
-    first = [b for b, _ in trace["figures"][0]]
+    first, _ = traced(trace["figures"][0])
     pilots[1].observe(first, [RankFigures(b, 0.0, 0, 0, 0, None) for b in first])
     for row in trace["figures"]:
-        split = [b for b, _ in row]
-        figures = [RankFigures(b, c, GiB, 0, 0, None) for b, c in row]
+        split, figures = traced(row)
         seen = [(p.observe(split, figures).commands, p.fixed_part.reading()) for p in pilots]
         assert seen[0] == seen[1]
         assert pilots[0].since_change == pilots[1].since_change

@@ -13,15 +13,24 @@ COSTS = [1.0, 3.0, 1.0, 1.0]  # rank 1 three times as slow
 BEFORE, AFTER = (4, 4, 4, 4), (5, 2, 5, 4)  # the move a pilot makes for it
 
 
-def read(fixed: float, seed: int, cost_after=None, before=8, after=8):
-    """A FixedPart fed `before` updates at BEFORE, then `after` at AFTER (the first of them a
-    recompile), with BOX's noise and a fixed part of `fixed` samples."""
-    noise = pilot_sim.Noise(**{**pilot_sim.BOX.__dict__, "fixed_samples": fixed})
+def read(
+    fixed: float,
+    seed: int,
+    cost_after=None,
+    before=8,
+    after=8,
+    splits=(BEFORE, AFTER),
+    costs_before=COSTS,
+):
+    """A FixedPart fed `before` updates at the first of `splits`, then `after` at the second
+    (the first of them a recompile), with BOX's noise and a fixed part of `fixed` samples;
+    the ranks' costs are `costs_before`, then `cost_after(t)` if given."""
+    noise = dataclasses.replace(pilot_sim.BOX, fixed_samples=fixed)
     mult = pilot_sim.draws(4, before + after, noise, seed)
     part = FixedPart(4)
     for t in range(before + after):
-        split = BEFORE if t < before else AFTER
-        costs = cost_after(t - before) if cost_after and t >= before else COSTS
+        split = splits[0] if t < before else splits[1]
+        costs = cost_after(t - before) if cost_after and t >= before else costs_before
         times = [
             pilot_sim.compute(c, b, mult[t][r], noise)
             for r, (c, b) in enumerate(zip(costs, split, strict=True))
@@ -76,20 +85,16 @@ def test_a_rank_that_slows_as_its_batch_falls_is_not_read_as_tens_of_samples():
     window can tell that from a fixed part; without the prior the best fit read 64 samples
     (the top of its grid) in 12 of these 20 runs. The prior holds it to a few samples (the
     true part is 1.1): one change cannot outweigh it."""
-    noise = dataclasses.replace(pilot_sim.BOX, fixed_samples=1.1)
-    bests = []
-    for seed in range(20):
-        mult = pilot_sim.draws(4, 16, noise, seed)
-        part = FixedPart(4)
-        for t in range(16):
-            split = (5, 4, 4, 3) if t < 8 else (5, 5, 4, 2)
-            costs = [1.0, 1.0, 1.0, 1.5 if t < 8 else 3.0]
-            times = [
-                pilot_sim.compute(c, b, mult[t][r], noise)
-                for r, (c, b) in enumerate(zip(costs, split, strict=True))
-            ]
-            part.add(split, [x * (1 + noise.recompile) for x in times] if t == 8 else times)
-        bests.append(part.reading().best)
+    bests = [
+        read(
+            1.1,
+            seed,
+            lambda t: [1.0, 1.0, 1.0, 3.0],
+            splits=((5, 4, 4, 3), (5, 5, 4, 2)),
+            costs_before=[1.0, 1.0, 1.0, 1.5],
+        ).best
+        for seed in range(20)
+    ]
     assert max(bests) <= 10.0 and statistics.median(bests) <= 5.0, bests
 
 
