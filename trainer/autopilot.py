@@ -17,7 +17,9 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   confirm it; the next update runs the new split), one nearer the noise within about
   `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only if
   it may be slower (it could make the move moot); one that may be faster keeps its batch
-  and the others move without it. The global batch never changes, so neither does the math.
+  and the others move without it, unless the move answers another rank's confirmed new
+  speed, its own figures are unlikely spikes, and the move beats staying even if they were:
+  then it is taken at its new speed. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -50,6 +52,10 @@ Z_AGREE = 3.0  # two ranks' costs closer than this many standard errors agree wi
 Z_GAIN = 1.0  # standard errors the predicted gain itself must clear
 POOL_MAX = math.log(1.3)  # ranks further apart than 30% are never pooled, however noisy
 TIE = 0.02  # splits predicted within this fraction of the fastest count as fast as it
+# A move made for a rank's confirmed new speed takes a rank whose new speed awaits
+# confirmation at that speed when its figures are spikes with a chance under this (on this
+# box, whose fast spikes are one figure in nine: four fast figures in a row, none since back)
+BET_ALPHA = 3e-4
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class Autopilot:
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
         self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
         self.told_fixed = 0.0  # the fixed part the operator last heard of
+        self.betting: list[int] = []  # pending ranks the last proposal took at a new speed
 
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
@@ -244,6 +251,9 @@ class Autopilot:
             return
         moved = "; rank(s) " + ", ".join(map(str, news)) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if news else "")
+        if self.betting:
+            ranks = ", ".join(map(str, self.betting))
+            reason += f"; rank(s) {ranks} taken at a new speed not yet confirmed"
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
         before = sorted(self.recent)[len(self.recent) // 2]
         self._changed(split, new, gain, before)
@@ -251,6 +261,7 @@ class Autopilot:
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
         """(the split to move to, its predicted gain, "") or why not now."""
         fixed, most = self.fixed()
+        self.betting = []
         # A rank whose new speed awaits confirmation: one that may be slower now may make
         # any move moot (it would be the slowest), so the pilot waits for it; one that may
         # be faster cannot, so it is read at its speed before and keeps its batch in any
@@ -267,6 +278,29 @@ class Autopilot:
             return split, 0.0, "too few figures"
         if any(self.costs.estimate(r).cost > est[r].cost for r in pending):
             return split, 0.0, "a rank's new speed is not confirmed yet"
+        due = self._best(split, est, pending, fixed, most)
+        # A move due anyway for a rank's confirmed new speed (its recompile is paid) takes a
+        # pending rank at its new speed where its figures are unlikely spikes and the move
+        # beats staying even if they were: moving16's rank 0, held at batch 1 while slow,
+        # recovers as rank 2 slows; held at its batch again, the move went 1,5,5,5 ->
+        # 1,7,1,7, and on to 5,5,1,5 seven updates later (session 18, repeat 0).
+        if due[2] or not self._news():
+            return due
+        betting = [r for r in pending if self.costs.spike_chance(r) <= BET_ALPHA]
+        if betting:
+            bet = [self.costs.estimate(r) if r in betting else e for r, e in enumerate(est)]
+            rest = [r for r in pending if r not in betting]
+            new, gain, why = self._best(split, bet, rest, fixed, most)
+            if not why and slowest(est, new, fixed) < slowest(est, split, fixed):
+                self.betting = betting
+                return new, gain, why
+        return due
+
+    def _best(
+        self, split: list[int], est: list[Estimate], pending: list[int], fixed: float, most: float
+    ) -> tuple[list[int], float, str]:
+        """The nearest split as fast as any, reading each rank at `est` and leaving the
+        `pending` ranks their batches, if the move pays beyond the noise; or why not."""
         # Ranks whose costs agree within the noise are one cost to the balancer: a split that
         # favours one of them over another would rest on noise.
         costs = pooled([e.cost for e in est], [e.se for e in est])
@@ -364,6 +398,13 @@ class Autopilot:
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
         out.events.append(("autopilot", text, data))
+
+
+def slowest(est: list[Estimate], split: list[int], fixed: float) -> float:
+    """The slowest rank's predicted compute under `split`, reading the ranks at `est`
+    (those that agree within the noise as one)."""
+    costs = pooled([e.cost for e in est], [e.se for e in est])
+    return max(c * (fixed + b) for c, b in zip(costs, split, strict=True))
 
 
 def held(

@@ -21,7 +21,9 @@ Three things make the figures of one update a poor guide, each answered here:
   whole run as unlikely for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a
   shift read from the median), or *undone* by two back at the old level: those were
   spikes, and the old regime goes on with them. Until then a decision reads the rank at its
-  cost before (`standing`), and the autopilot waits for it or leaves its batch alone.
+  cost before (`standing`), and the autopilot waits for it or leaves its batch alone (or,
+  in a move due anyway, takes it at its new cost where its figures are unlikely spikes:
+  `spike_chance`).
   The scatter a shift is judged by is one its own figures did not widen: its regime's
   without them, and for a young regime (a restart at a new batch, a shift) the scatter its
   rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
@@ -178,22 +180,40 @@ class Costs:
     def _confirm(self, r: int) -> None:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
         shift = self.shift[r]
+        side, after, agree = self._after(r)
+        if 2 * agree > after and agree >= shift.needed:
+            shift.confirmed, shift.before = True, []
+            for u in self.regimes[r]:  # the new level's figures were no spikes
+                if u in self.record[r]:
+                    self.record[r][u] = 0
+        elif after - agree >= 2:  # spikes: the old regime goes on, with them
+            now = list(self.regimes[r])
+            self.regimes[r].clear()
+            self.regimes[r].extend(shift.before + now)
+            self.shift[r] = None
+
+    def _after(self, r: int) -> tuple[int, int, int]:
+        """Rank r's young shift: its side (+1 slower, -1 faster), the figures after those
+        that showed it, and how many of them agree (past halfway from the old level)."""
+        shift = self.shift[r]
         q = self._regime(r)
         mid = statistics.median(self.values[u][r] for u in shift.before)
         shown = statistics.median(q[: shift.shown])
         half, side = (mid + shown) / 2, (1 if shown > mid else -1)
         after = q[shift.shown :]
-        agree = sum(side * (x - half) > 0 for x in after)
-        if 2 * agree > len(after) and agree >= shift.needed:
-            shift.confirmed, shift.before = True, []
-            for u in self.regimes[r]:  # the new level's figures were no spikes
-                if u in self.record[r]:
-                    self.record[r][u] = 0
-        elif len(after) - agree >= 2:  # spikes: the old regime goes on, with them
-            now = list(self.regimes[r])
-            self.regimes[r].clear()
-            self.regimes[r].extend(shift.before + now)
-            self.shift[r] = None
+        return side, len(after), sum(side * (x - half) > 0 for x in after)
+
+    def spike_chance(self, r: int) -> float:
+        """The chance, by rank r's record, that its young shift is spikes: that the figures
+        which showed it and every one since (all agreeing) were outliers of the old level
+        on that side. 1.0 without a young shift, or once a figure since has disagreed."""
+        shift = self.shift[r]
+        if shift is None or shift.confirmed or not shift.before:
+            return 1.0
+        side, after, agree = self._after(r)
+        if agree < after:
+            return 1.0
+        return self._share(r, side, but=len(self.regimes[r])) ** (shift.shown + after)
 
     def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
         """Each rank's log cost per sample minus the median rank's: what all share cancels."""

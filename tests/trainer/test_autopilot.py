@@ -14,6 +14,7 @@ import pytest
 from telemetry.units import GiB
 from tests.support import pilot_sim
 from tests.support.fleet import ROOT
+from trainer import autopilot
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot, Decision, RankFigures, nearest, pooled, unjustified
 from trainer.config import ConfigError, TrainConfig
@@ -251,9 +252,25 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 4, readings
 
 
-def moving16_s17() -> dict:
-    """Session 17's moving16 repeat 1, as tests/support/traces/moving16_s17.json keeps it."""
-    return json.loads((ROOT / "tests/support/traces/moving16_s17.json").read_text())
+def kept(name: str) -> dict:
+    """A real run's figures as tests/support/traces/NAME.json keeps them (its "what" says
+    which run)."""
+    return json.loads((ROOT / f"tests/support/traces/{name}.json").read_text())
+
+
+def replayed(trace: dict, pilot: Autopilot, moves_at_most: int = 1 << 30) -> list[list]:
+    """The moves `pilot` makes on a kept trace's figures, [update, from, to] as the run logs
+    them (at the boundary it said it may decide on, else the next)."""
+    moves: list[list] = []
+    for step, row in enumerate(trace["figures"], trace["first_update"]):
+        split, figures = traced(row)
+        announced = pilot.may_decide()
+        decision = pilot.observe(split, figures)
+        at = step if announced else step + 1
+        moves += [[at, split, a["split"]] for cmd, a in decision.commands if cmd == "rebalance"]
+        if len(moves) >= moves_at_most:
+            break
+    return moves
 
 
 def traced(row: list) -> tuple[list[int], list[RankFigures]]:
@@ -262,7 +279,7 @@ def traced(row: list) -> tuple[list[int], list[RankFigures]]:
     return [b for b, _ in row], [RankFigures(b, c, GiB, 0, 0, None) for b, c in row]
 
 
-def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move():
+def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(monkeypatch):
     """Session 17's moving16 repeat 1 (tests/support/traces/moving16_s17.json: each update's
     batch and compute time of 4 real ranks on the 2-core box, where a rank at batch 1 costs
     a little more per sample than at 5-7). Rank 0, twice as slow and left 1 sample, is itself
@@ -270,21 +287,49 @@ def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(
     at 53. Steering by the least fixed part the figures allowed (0), it read rank 0 a third
     dearer per sample than its peers and gave it its samples back two at a time, 3,6,1,6
     at 63 and 5,5,1,5 at 73. Steered by the fit (0.3-0.5 samples) it moves to 5,5,1,5 by
-    60, and decides the run's first three moves as the run did."""
-    trace = moving16_s17()
+    60, and decides the run's first three moves as the run did. (Rank 0 held at 1 at 53, as
+    that run's pilot held it: not taken at its new speed, see the next test.)"""
+    monkeypatch.setattr(autopilot, "BET_ALPHA", 0.0)
+    trace = kept("moving16_s17")
     pilot = Autopilot(4, enabled=True)
-    moves = []
-    for step, row in enumerate(trace["figures"], trace["first_update"]):
-        split, figures = traced(row)
-        announced = pilot.may_decide()  # applied at this update's boundary, or the next
-        decision = pilot.observe(split, figures)
-        at = step if announced else step + 1
-        moves += [[at, split, a["split"]] for cmd, a in decision.commands if cmd == "rebalance"]
-        if len(moves) == 4:
-            break
+    moves = replayed(trace, pilot, moves_at_most=4)
     assert moves[:3] == trace["changes"][:3]
     assert moves[3][2] == [5, 5, 1, 5] and moves[3][0] <= 60, moves
     assert 0.1 <= pilot.fixed()[0] <= 1.0
+
+
+def test_a_rank_that_recovers_as_another_slows_is_taken_at_its_new_speed():
+    """The same run: at 53 rank 2's slowdown is confirmed while rank 0's recovery (a rank
+    held at batch 1 while twice as slow) awaits one more figure. Its figures since update 50
+    are, by its record, spikes with a chance of about 1e-4, and the move for rank 2 is paid
+    anyway: it is made straight to 5,5,1,5 with rank 0 taken at its new speed (the run's
+    pilot held rank 0 at 1: 1,7,2,6, and 5,5,1,5 seven updates later)."""
+    trace = kept("moving16_s17")
+    pilot = Autopilot(4, enabled=True)
+    events = []
+    observe = pilot.observe
+
+    def watched(split, figures):
+        decision = observe(split, figures)
+        events.extend(a["reason"] for cmd, a in decision.commands if cmd == "rebalance")
+        return decision
+
+    pilot.observe = watched
+    moves = replayed(trace, pilot, moves_at_most=3)
+    assert moves[:2] == trace["changes"][:2]
+    assert moves[2] == [53, [1, 5, 5, 5], [5, 5, 1, 5]], moves
+    assert "rank(s) 0 taken at a new speed not yet confirmed" in events[2]
+
+
+def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
+    """Session 15's equal ranks, repeat 2 (tests/support/traces/equal_s15.json: 110 updates
+    of 4 real ranks, none slowed, no move made). At 101 rank 1 had shown four fast figures
+    in a row (spikes with a chance of 2e-4 by its record) and ranks 0, 2 and 3 read as moved
+    since the run began. Taken at that speed whenever another rank's cost had moved, rank
+    1 was given 7 samples (4,4,4,4 -> 3,7,3,3, tried). No move was due for the others, so
+    none is made."""
+    trace = kept("equal_s15")
+    assert replayed(trace, Autopilot(4, enabled=True)) == trace["changes"] == []
 
 
 def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
@@ -292,7 +337,7 @@ def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
     are zeros. The fixed-part reader took it for the update that recompiles at the first
     split, and read the real first update, a compile, into its first window. Session 18's
     moving16 repeat 1 then moved to 4,4,4,4 at 49 where its figures, replayed, say 2,5,5,4."""
-    trace = moving16_s17()
+    trace = kept("moving16_s17")
     pilots = [Autopilot(4, enabled=True), Autopilot(4, enabled=True)]
     first, _ = traced(trace["figures"][0])
     pilots[1].observe(first, [RankFigures(b, 0.0, 0, 0, 0, None) for b in first])
@@ -501,13 +546,11 @@ def test_a_move_must_hold_at_every_fixed_part_the_figures_allow():
     assert unjustified([2, 6], [3, 5], est, 0.0, 6.0) == ""
 
 
-def test_a_rank_that_may_be_faster_keeps_its_batch_though_the_best_split_would_give_it_more():
-    """moving16 on the 2-core box (session 16, repeat 2): rank 0, held at batch 1 while it
-    was slow, recovers as rank 2 slows down. Rank 2's slowdown was confirmed at 55 while rank
-    0's recovery, read against its record of fast spikes, awaited one more figure; the best
-    split gave rank 0 samples, which it may not take yet, the split nearest to that best
-    found no room, and the move waited to 56. It goes as soon as rank 2's slowdown is
-    confirmed, rank 0 held at 1."""
+def fly_recovery_as_another_slows() -> list[tuple[int, list[int], bool]]:
+    """Rank 0, held at batch 1 while 2.4x slower, recovers at update 40 as rank 2 turns 3x
+    slower (this box's fast spikes, one figure in nine, in rank 0's record). The pilot's moves:
+    (the update whose figures decided it, the split, whether rank 0's recovery was
+    confirmed)."""
     rng = random.Random(5)
     pilot, split, moves = Autopilot(4, enabled=True, fixed_samples=0.0), [1, 5, 5, 5], []
     for t in range(50):
@@ -522,10 +565,32 @@ def test_a_rank_that_may_be_faster_keeps_its_batch_though_the_best_split_would_g
             if cmd == "rebalance":
                 moves.append((t, list(args["split"]), pilot.costs.confirmed(0)))
                 split = list(args["split"])
+    return moves
+
+
+def test_a_rank_that_may_be_faster_keeps_its_batch_though_the_best_split_would_give_it_more(
+    monkeypatch,
+):
+    """moving16 on the 2-core box (session 16, repeat 2): rank 2's slowdown was confirmed at
+    55 while rank 0's recovery, read against its record of fast spikes, awaited one more
+    figure; the best split gave rank 0 samples, which it may not take yet, the split nearest
+    to that best found no room, and the move waited to 56. Where rank 0 is not taken at its
+    new speed (its figures likelier spikes), the move goes as soon as rank 2's slowdown is
+    confirmed, rank 0 held at 1."""
+    monkeypatch.setattr(autopilot, "BET_ALPHA", 0.0)
+    moves = fly_recovery_as_another_slows()
     t, first, rank0_confirmed = moves[0]
     assert t == 43 and not rank0_confirmed, moves  # rank 2 shown at 41, confirmed at 43
     assert first[0] == 1 and first[2] < 5, moves  # rank 0 held, rank 2 gives
     assert moves[-1][1] == [5, 5, 1, 5], moves  # and rank 0 takes once it is confirmed
+
+
+def test_a_recovery_nearly_confirmed_is_answered_in_the_same_move():
+    """The same figures: rank 0's four fast figures from update 40 are spikes with a chance
+    of about 1e-4 by its record, so the move for rank 2 takes it at its new speed and goes
+    to 5,5,1,5 at once (it beats staying even if rank 0 were still 2.4x slower)."""
+    moves = fly_recovery_as_another_slows()
+    assert moves == [(43, [5, 5, 1, 5], False)], moves
 
 
 def test_a_recovery_is_read_though_its_figures_would_widen_the_scatter_that_judges_them():
