@@ -113,7 +113,6 @@ class Autopilot:
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
         self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
         self.told_fixed = 0.0  # the fixed part the operator last heard of
-        self.betting: list[int] = []  # pending ranks the last proposal took at a new speed
 
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
@@ -239,7 +238,7 @@ class Autopilot:
         return models
 
     def _rebalance(self, split: list[int], out: Decision) -> None:
-        new, gain, why_not = self._proposal(split)
+        new, gain, why_not, betting = self._proposal(split)
         if why_not:
             self.streak = None
             return
@@ -251,17 +250,17 @@ class Autopilot:
             return
         moved = "; rank(s) " + ", ".join(map(str, news)) + " changed speed"
         reason = f"autopilot: predicted {gain:.0%} faster" + (moved if news else "")
-        if self.betting:
-            ranks = ", ".join(map(str, self.betting))
+        if betting:
+            ranks = ", ".join(map(str, betting))
             reason += f"; rank(s) {ranks} taken at a new speed not yet confirmed"
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
         before = sorted(self.recent)[len(self.recent) // 2]
         self._changed(split, new, gain, before)
 
-    def _proposal(self, split: list[int]) -> tuple[list[int], float, str]:
-        """(the split to move to, its predicted gain, "") or why not now."""
+    def _proposal(self, split: list[int]) -> tuple[list[int], float, str, list[int]]:
+        """(the split to move to, its predicted gain, "", the pending ranks it takes at their
+        new speed) or why not now."""
         fixed, most = self.fixed()
-        self.betting = []
         # A rank whose new speed awaits confirmation: one that may be slower now may make
         # any move moot (it would be the slowest), so the pilot waits for it; one that may
         # be faster cannot, so it is read at its speed before and keeps its batch in any
@@ -275,10 +274,10 @@ class Autopilot:
             e is None or (e.n < MIN_FIGURES and not self.costs.shifted(r))
             for r, e in enumerate(est)
         ):
-            return split, 0.0, "too few figures"
+            return split, 0.0, "too few figures", []
         if any(self.costs.estimate(r).cost > est[r].cost for r in pending):
-            return split, 0.0, "a rank's new speed is not confirmed yet"
-        due = self._best(split, est, pending, fixed, most)
+            return split, 0.0, "a rank's new speed is not confirmed yet", []
+        due = (*self._best(split, est, pending, fixed, most), [])
         # A move due anyway for a rank's confirmed new speed (its recompile is paid) takes a
         # pending rank at its new speed where its figures are unlikely spikes and the move
         # beats staying even if they were: moving16's rank 0, held at batch 1 while slow,
@@ -292,8 +291,7 @@ class Autopilot:
             rest = [r for r in pending if r not in betting]
             new, gain, why = self._best(split, bet, rest, fixed, most)
             if not why and slowest(est, new, fixed) < slowest(est, split, fixed):
-                self.betting = betting
-                return new, gain, why
+                return new, gain, why, betting
         return due
 
     def _best(

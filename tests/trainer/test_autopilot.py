@@ -258,16 +258,22 @@ def kept(name: str) -> dict:
     return json.loads((ROOT / f"tests/support/traces/{name}.json").read_text())
 
 
-def replayed(trace: dict, pilot: Autopilot, moves_at_most: int = 1 << 30) -> list[list]:
+def replayed(
+    trace: dict, pilot: Autopilot, moves_at_most: int = 1 << 30, reasons: list | None = None
+) -> list[list]:
     """The moves `pilot` makes on a kept trace's figures, [update, from, to] as the run logs
-    them (at the boundary it said it may decide on, else the next)."""
+    them (at the boundary it said it may decide on, else the next); their reasons are added
+    to `reasons`."""
     moves: list[list] = []
     for step, row in enumerate(trace["figures"], trace["first_update"]):
         split, figures = traced(row)
         announced = pilot.may_decide()
         decision = pilot.observe(split, figures)
         at = step if announced else step + 1
-        moves += [[at, split, a["split"]] for cmd, a in decision.commands if cmd == "rebalance"]
+        moved = [a for cmd, a in decision.commands if cmd == "rebalance"]
+        moves += [[at, split, a["split"]] for a in moved]
+        if reasons is not None:
+            reasons += [a["reason"] for a in moved]
         if len(moves) >= moves_at_most:
             break
     return moves
@@ -305,20 +311,11 @@ def test_a_rank_that_recovers_as_another_slows_is_taken_at_its_new_speed():
     anyway: it is made straight to 5,5,1,5 with rank 0 taken at its new speed (the run's
     pilot held rank 0 at 1: 1,7,2,6, and 5,5,1,5 seven updates later)."""
     trace = kept("moving16_s17")
-    pilot = Autopilot(4, enabled=True)
-    events = []
-    observe = pilot.observe
-
-    def watched(split, figures):
-        decision = observe(split, figures)
-        events.extend(a["reason"] for cmd, a in decision.commands if cmd == "rebalance")
-        return decision
-
-    pilot.observe = watched
-    moves = replayed(trace, pilot, moves_at_most=3)
+    reasons: list[str] = []
+    moves = replayed(trace, Autopilot(4, enabled=True), moves_at_most=3, reasons=reasons)
     assert moves[:2] == trace["changes"][:2]
     assert moves[2] == [53, [1, 5, 5, 5], [5, 5, 1, 5]], moves
-    assert "rank(s) 0 taken at a new speed not yet confirmed" in events[2]
+    assert "rank(s) 0 taken at a new speed not yet confirmed" in reasons[2]
 
 
 def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
