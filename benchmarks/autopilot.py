@@ -427,6 +427,7 @@ def main() -> int:
                 ("quiet", pilot_sim.QUIET),
                 ("noisy", pilot_sim.Noise()),
                 ("box", pilot_sim.BOX),  # measured on this box (pilot_sim.py says how)
+                ("curved", pilot_sim.CURVED),  # the same, its compute batch by batch
             )
         }
         print(json.dumps(figures, indent=1))

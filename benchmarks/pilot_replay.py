@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             est = [pilot.costs.estimate(r) for r in range(world)]
             read = [f"{e.cost:.2f}±{e.se:.2f} n{e.n}" if e else "-" for e in est]
             secs = " ".join(f"{c:.3f}" for c in compute)
-            # the fixed part the costs are read at, and the most the figures allow
-            least, most = pilot.fixed() if hasattr(pilot, "fixed") else (0.0, 0.0)
+            # the fixed part steered by, and the least and the most the figures allow
+            fit = getattr(getattr(pilot, "fixed_part", None), "reading", lambda: None)()
+            fixed = f"{fit.best:.2f} ({fit.least:.2f}-{fit.most:.2f})" if fit else "-"
             print(
-                f"update {step}: split {split} compute_s {secs} cost {read} "
-                f"fixed {least:.2f}-{most:.2f}",
+                f"update {step}: split {split} compute_s {secs} cost {read} fixed {fixed}",
                 moves or "",
             )
     print("logged:  ", logged)

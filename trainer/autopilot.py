@@ -6,20 +6,22 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
 - **Rebalance** to the split the balancer (telemetry/balance.py) predicts fastest from each
   rank's cost per sample (trainer/costs.py: relative to its peers, in regimes, with a
   standard error) and the fixed part of every rank's compute (trainer/fixed_part.py: read
-  from the split's own changes; it steers by their best fit). Of the splits that fast,
-  it takes the nearest to the current one (fewest samples moved), and moves only when every
-  sample goes from a rank clearly slower than where it lands (under that fixed part and the
-  most the figures allow), the gain is at least `min_gain` and beyond what the noise
-  explains, and the same split was proposed at two boundaries in a row (at one, where a
-  rank's confirmed new cost is the reason: its own figures held it already). After a change
-  it waits `cooldown` updates, unless a rank's cost moved since (a new regime): a change far
-  beyond the noise is then followed 4-5 updates after it began (2 figures show it, as many
-  confirm it; the next update runs the new split), one nearer the noise within about
-  `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only if
-  it may be slower (it could make the move moot); one that may be faster keeps its batch
-  and the others move without it, unless the move answers another rank's confirmed new
-  speed, its own figures are unlikely spikes, and the move beats staying even if they were:
-  then it is taken at its new speed. The global batch never changes, so neither does the math.
+  from the split's own changes; it steers by their best fit, a rank at most at its batch
+  where the figures allow: a fit read between big batches does not say what a rank measured
+  at one sample does at ten). Of the splits that fast, it takes the nearest to the current
+  one (fewest samples moved), and moves only when every sample goes from a rank clearly
+  slower than where it lands (under that fixed part and the most the figures allow), the
+  gain is at least `min_gain` and beyond what the noise explains, and the same split was
+  proposed at two boundaries in a row (at one, where a rank's confirmed new cost is the
+  reason: its own figures held it already). After a change it waits `cooldown` updates,
+  unless a rank's cost moved since (a new regime): a change far beyond the noise is then
+  followed 4-5 updates after it began (2 figures show it, as many confirm it; the next
+  update runs the new split), one nearer the noise within about `Costs.recent` + 4. A rank
+  whose new speed awaits confirmation holds up a move only if it may be slower (it could
+  make the move moot); one that may be faster keeps its batch and the others move without
+  it, unless the move answers another rank's confirmed new speed, its own figures are
+  unlikely spikes, and the move beats staying even if they were: then it is taken at its new
+  speed. The global batch never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -40,7 +42,7 @@ from typing import Any
 from telemetry import balance
 from telemetry.units import GiB, MiB
 from trainer.costs import Costs, Estimate
-from trainer.fixed_part import FixedPart
+from trainer.fixed_part import FixedPart, capped
 
 SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
@@ -134,7 +136,7 @@ class Autopilot:
             self.swaps[r].append(f.swap)
         compute = [f.compute_s for f in figures]
         self.fixed_part.add(split, compute)
-        self.costs.fixed = self.fixed()[0]
+        self.costs.fixed, self.costs.floor = self.fixed()[0], self.floor()
         self._report_fixed(out)
         moved = self.costs.add(split, compute)
         if moved:  # what came before a rank's new cost tells nothing of the fixed part
@@ -189,7 +191,7 @@ class Autopilot:
         return why
 
     def _relieve(self, split: list[int], pressed: dict[int, str], out: Decision) -> None:
-        models, new = self._models(), list(split)
+        models, new = self._models(split), list(split)
         for r in pressed:
             give = max(1, math.ceil(new[r] / 4))  # a quarter at a time, at least one sample
             new[r] -= give
@@ -224,16 +226,30 @@ class Autopilot:
         read = self.fixed_part.reading()
         return (read.best, read.most) if read else (0.0, 0.0)
 
-    def _models(self) -> list[balance.RankModel]:
+    def floor(self) -> float:
+        """The least fixed part the figures allow (infinite where told: as told, uncapped)."""
+        if self.fixed_samples is not None:
+            return math.inf
+        read = self.fixed_part.reading()
+        return read.least if read else 0.0
+
+    def parts(self, fixed: float, split: list[int]) -> list[float]:
+        """Each rank's fixed part, were it `fixed`, as its figures at its batch in `split` are
+        read: at most the greater of its batch and the least the figures allow, where read
+        (trainer/fixed_part.py, `capped`). A rank keeps it at any batch it is predicted at."""
+        least = self.floor()
+        return [capped(fixed, b, least) for b in split]
+
+    def _models(self, split: list[int]) -> list[balance.RankModel]:
         """Each rank's model for the balancer: compute of its relative cost per sample
-        (trainer/costs.py) x (the fixed part + its batch); memory per sample from the medians
+        (trainer/costs.py) x (its fixed part + its batch); memory per sample from the medians
         of its recent updates."""
-        models = []
+        models, parts = [], self.parts(self.costs.fixed, split)
         for r, samples in enumerate(self.samples):
             est = self.costs.estimate(r)
             per_mem = statistics.median(s.peak_mem / s.local_batch for s in samples)
             cost = est.cost if est is not None else 1.0
-            fixed = cost * self.costs.fixed
+            fixed = cost * parts[r]
             models.append(balance.RankModel(r, fixed, cost, 0, int(per_mem), None, 0, True))
         return models
 
@@ -260,7 +276,7 @@ class Autopilot:
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str, list[int]]:
         """(the split to move to, its predicted gain, "", the pending ranks it takes at their
         new speed) or why not now."""
-        fixed, most = self.fixed()
+        fixed, most = (self.parts(f, split) for f in self.fixed())
         # A rank whose new speed awaits confirmation: one that may be slower now may make
         # any move moot (it would be the slowest), so the pilot waits for it; one that may
         # be faster cannot, so it is read at its speed before and keeps its batch in any
@@ -295,16 +311,22 @@ class Autopilot:
         return due
 
     def _best(
-        self, split: list[int], est: list[Estimate], pending: list[int], fixed: float, most: float
+        self,
+        split: list[int],
+        est: list[Estimate],
+        pending: list[int],
+        fixed: list[float],
+        most: list[float],
     ) -> tuple[list[int], float, str]:
         """The nearest split as fast as any, reading each rank at `est` and leaving the
-        `pending` ranks their batches, if the move pays beyond the noise; or why not."""
+        `pending` ranks their batches, if the move pays beyond the noise; or why not. `fixed`
+        and `most`: each rank's fixed part steered by, and the most the figures allow."""
         # Ranks whose costs agree within the noise are one cost to the balancer: a split that
         # favours one of them over another would rest on noise.
         costs = pooled([e.cost for e in est], [e.se for e in est])
-        models = self._models()
-        for m, c in zip(models, costs, strict=True):
-            m.per_sample_s, m.fixed_s = c, c * fixed
+        models = self._models(split)
+        for m, c, f in zip(models, costs, fixed, strict=True):
+            m.per_sample_s, m.fixed_s = c, c * f
         try:
             best = balance.propose(models, sum(split), self.headroom)
             # Pending ranks keep their batches: the fastest the others can make of the rest
@@ -318,8 +340,8 @@ class Autopilot:
         new = nearest(split, costs, target * (1 + TIE), caps, fixed)
         if new == split:
             return split, 0.0, "the split is as fast as any"
-        before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
-        after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
+        before = [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
+        after = [c * (f + b) for c, f, b in zip(costs, fixed, new, strict=True)]
         gain = 1 - max(after) / max(before)
         # Within `cooldown` updates of a change (and no rank's cost moved since), only a
         # gain twice as large: small corrections wait, so noise cannot swing the split.
@@ -336,7 +358,7 @@ class Autopilot:
         # futile). Not under the least: often 0 where the true part is about 1, it reads a
         # rank left 1 sample a third dearer than it is (session 17's moving16 waited 10
         # updates for such a rank).
-        for f in sorted({fixed, most}):
+        for f in (fixed, most) if most != fixed else (fixed,):
             why = unjustified(split, new, est, fixed, f)
             if why:
                 return split, gain, why
@@ -398,11 +420,11 @@ class Autopilot:
         out.events.append(("autopilot", text, data))
 
 
-def slowest(est: list[Estimate], split: list[int], fixed: float) -> float:
+def slowest(est: list[Estimate], split: list[int], fixed: list[float]) -> float:
     """The slowest rank's predicted compute under `split`, reading the ranks at `est`
-    (those that agree within the noise as one)."""
+    (those that agree within the noise as one) and each at its fixed part."""
     costs = pooled([e.cost for e in est], [e.se for e in est])
-    return max(c * (fixed + b) for c, b in zip(costs, split, strict=True))
+    return max(c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True))
 
 
 def held(
@@ -417,17 +439,23 @@ def held(
 
 
 def unjustified(
-    split: list[int], new: list[int], est: list[Estimate], read_at: float, fixed: float
+    split: list[int],
+    new: list[int],
+    est: list[Estimate],
+    read_at: list[float],
+    fixed: list[float],
 ) -> str:
     """Why some sample of the move from `split` to `new` would not go from a rank clearly
-    slower than where it lands, were the fixed part `fixed` samples (the estimates were read
-    at `read_at`), or "" when none."""
+    slower than where it lands, were each rank's fixed part `fixed` samples (the estimates
+    were read at `read_at`), or "" when none."""
     world = len(split)
     # a rank's time does not depend on the fixed part it is read at; its cost per sample does
-    raw = [e.cost * (read_at + b) / (fixed + b) for e, b in zip(est, split, strict=True)]
+    raw = [
+        e.cost * (a + b) / (f + b) for e, a, f, b in zip(est, read_at, fixed, split, strict=True)
+    ]
     costs = pooled(raw, [e.se for e in est])
-    before = [c * (fixed + b) for c, b in zip(costs, split, strict=True)]
-    after = [c * (fixed + b) for c, b in zip(costs, new, strict=True)]
+    before = [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
+    after = [c * (f + b) for c, f, b in zip(costs, fixed, new, strict=True)]
     donors = [r for r in range(world) if new[r] < split[r]]
     takers = [r for r in range(world) if new[r] > split[r]]
     for d in donors:
@@ -453,22 +481,24 @@ def nearest(
     costs: list[float],
     target: float,
     caps: list[int | None],
-    fixed: float = 0.0,
+    fixed: list[float] | None = None,
 ) -> list[int]:
     """The split nearest to `split` (fewest samples moved) under which no rank's predicted
-    time (cost x (fixed + batch)) exceeds `target`: ranks over it keep what fits, the rest goes, one
-    sample at a time, to the rank that would be done soonest with it. Ranks of equal cost
-    never trade samples: only a rank over the target gives, only one under it takes."""
+    time (cost x (its fixed part + batch); no fixed part if None) exceeds `target`: ranks over
+    it keep what fits, the rest goes, one sample at a time, to the rank that would be done
+    soonest with it. Ranks of equal cost never trade samples: only a rank over the target
+    gives, only one under it takes."""
+    fixed = fixed or [0.0] * len(split)
     room = [
-        min(max(1, math.floor(target / c - fixed + 1e-9)), cap if cap is not None else 1 << 30)
-        for c, cap in zip(costs, caps, strict=True)
+        min(max(1, math.floor(target / c - f + 1e-9)), cap if cap is not None else 1 << 30)
+        for c, f, cap in zip(costs, fixed, caps, strict=True)
     ]
     new = [min(b, r) for b, r in zip(split, room, strict=True)]
     for _ in range(sum(split) - sum(new)):
         open_ = [r for r in range(len(new)) if new[r] < room[r]]
         if not open_:
             return split  # the target cannot hold the global batch: stay
-        r = min(open_, key=lambda r: (costs[r] * (fixed + new[r] + 1), r))
+        r = min(open_, key=lambda r: (costs[r] * (fixed[r] + new[r] + 1), r))
         new[r] += 1
     return new
 

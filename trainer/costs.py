@@ -29,8 +29,9 @@ Three things make the figures of one update a poor guide, each answered here:
   rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
-grow with its batch (trainer/fixed_part.py reads it; 0 until it has); each update's figures are
-kept as measured, so that a new reading re-reads every regime. An estimate carries its
+grow with its batch (trainer/fixed_part.py reads it; 0 until it has; a rank is read at
+most at its batch where the figures allow: `floor`, `fixed_part.capped`); each update's figures
+are kept as measured, so that a new reading re-reads every regime. An estimate carries its
 standard error, so that the autopilot acts only on differences the noise cannot explain. Pure
 Python (no mlx).
 """
@@ -42,6 +43,8 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from trainer.fixed_part import capped
 
 SIGMA_PRIOR = 0.3  # log-scatter assumed until there are figures enough to measure it
 SIGMA_FLOOR = 0.03  # no machine is steadier than this (timer, scheduler)
@@ -104,6 +107,7 @@ class Costs:
         self.values: dict[int, list[float]] = {}  # relative log cost per sample, at `fixed`
         self.updates = 0
         self._fixed = 0.0
+        self._floor = math.inf
         self.shift: list[Shift | None] = [None] * world  # None: a regime begun otherwise
         # Each rank's record: update -> +1 / -1 for a figure out of its regime above / below,
         # else 0; the figures of a confirmed shift are not spikes and count as 0
@@ -125,6 +129,23 @@ class Costs:
         if samples != self._fixed:
             self._fixed = samples
             self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+
+    @property
+    def floor(self) -> float:
+        """The least fixed part the figures allow: a rank is read at `fixed` or at most at
+        the greater of its batch and this (trainer/fixed_part.py, `capped`). Infinite (the
+        default): at `fixed`, as told."""
+        return self._floor
+
+    @floor.setter
+    def floor(self, samples: float) -> None:
+        if samples != self._floor:
+            self._floor = samples
+            self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+
+    def part(self, batch: int) -> float:
+        """The fixed part a figure at `batch` is read at."""
+        return capped(self._fixed, batch, self._floor)
 
     def add(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[int]:
         """One update's figures; returns the ranks whose cost just moved (a new regime)."""
@@ -217,7 +238,7 @@ class Costs:
 
     def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
         """Each rank's log cost per sample minus the median rank's: what all share cancels."""
-        logs = [math.log(c / (b + self._fixed)) for b, c in zip(batches, compute_s, strict=True)]
+        logs = [math.log(c / (b + self.part(b))) for b, c in zip(batches, compute_s, strict=True)]
         common = statistics.median(logs)
         return [v - common for v in logs]
 

@@ -12,6 +12,7 @@ Used by tests/trainer/test_autopilot.py and benchmarks/autopilot.py.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -38,6 +39,9 @@ class Noise:
     overhead: float = 0.0
     recompile: float = 1.0  # extra compute, as a fraction, the first time a batch size runs
     spike_range: tuple[float, float] = (2.0, 6.0)  # a spike's multiplier, drawn uniformly
+    # A compute that is not a straight line in the batch: samples' worth at batch 1, 2, ...
+    # (one more a sample beyond the last), in place of fixed_samples + batch; () for none.
+    curve: tuple[float, ...] = ()
 
 
 # Each rank on a core of its own (benchmarks/autopilot.py --cores on a 16-core host): little
@@ -62,6 +66,12 @@ BOX = Noise(
     overhead=2.3,
     recompile=1.8,
 )
+# The same box with its compute as measured batch by batch (session 17's fixed arms, each
+# rank's median compute over a phase by its batch: 0.0255 s at 1, 0.0567 at 2, ... 0.149 at
+# 8; benchmarks/results/2026-12-04-s17/fixed_part_fit.py.txt), in samples of the line's
+# 0.0172 s: dearer from 1 to 2 (1.8 samples' worth a sample) than from 4 to 8 (0.8). A fixed
+# part read from moves between 4 and 8 is about 3 samples there, and 0 to 1 from 1 to 4.
+CURVED = dataclasses.replace(BOX, curve=(1.48, 3.30, 4.35, 5.48, 6.52, 7.20, 8.15, 8.66))
 
 
 @dataclass
@@ -93,7 +103,15 @@ def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]
 
 
 def compute(cost: float, batch: int, mult: float, noise: Noise) -> float:
-    return (noise.fixed_s + cost * (noise.fixed_samples + batch)) * mult
+    return (noise.fixed_s + cost * worth(batch, noise)) * mult
+
+
+def worth(batch: int, noise: Noise) -> float:
+    """A rank's compute at `batch` in samples of its own cost."""
+    if not noise.curve:
+        return noise.fixed_samples + batch
+    last = len(noise.curve)
+    return noise.curve[min(batch, last) - 1] + max(0, batch - last)
 
 
 def after(costs: Sequence[float], noise: Noise) -> float:
