@@ -335,9 +335,9 @@ def test_on_real_figures_a_slow_rank_left_one_sample_is_not_given_more_on_a_fit_
     the batch). By 72 rank 3, three times as slow, had been left 1 sample (0.07-0.12 s where
     its peers took 0.04-0.16 s at 4-7), and the fixed part read from the moves between 4
     and 7 was 2.8 samples (0 to 4.8). Read at it, rank 3 cost a third more a sample than
-    its peers instead of twice as much, and the pilot moved 4,4,7,1 -> 4,4,4,4: rank 3 then
-    took 0.2-0.35 s. Read at most at its batch, it is given one sample more. The run's
-    first four moves are decided as the run did."""
+    its peers, and the pilot moved 4,4,7,1 -> 4,4,4,4: rank 3 then took 0.2-0.35 s. Read at
+    most at its batch, it costs more than twice as much and is given one sample more. The
+    run's first four moves are decided as the run did."""
     trace = kept("gradual16_s19")
     moves = replayed(trace, Autopilot(4, enabled=True), moves_at_most=5)
     assert moves[:4] == trace["changes"][:4]
