@@ -252,14 +252,17 @@ def test_a_rank_whose_ssh_connection_goes_silent_stops_with_a_checkpoint(
     proc = spawn_over_ssh(ssh_path, ["mac-a", "mac-b"], tiny_data, run, "--lifeline-timeout", "3")
     client = None
     try:
-        rank = psutil.Process(rank_pid(run, 1))
+        ranks = [psutil.Process(rank_pid(run, r)) for r in (0, 1)]
         wait_for_checkpoint(run, 2, proc)
         # rank 1's ssh client stops: its connection stays open but carries nothing (a cable
         # pulled, a Mac asleep), so no hangup ever comes; only the lifeline's silence tells
         kids = psutil.Process(proc.pid).children(recursive=True)
         client = next(p for p in kids if p.name() == "ssh" and "mac-b" in p.cmdline())
         client.suspend()
-        rank.wait(timeout=60)  # both ranks stop at the next boundary (the stop rides along)
+        # both ranks stop at the next boundary (the stop rides along); rank 0 is waited for as
+        # well, since it logs its stop after rank 1 may have gone
+        _, alive = psutil.wait_procs(ranks, timeout=60)
+        assert not alive, f"ranks still running 60 s after the lifeline went silent: {alive}"
         latest, _, _ = catalog.resolve(run, "latest")
         step = catalog.read_json(latest, catalog.STATE)["step"]
     finally:
