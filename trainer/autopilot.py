@@ -235,7 +235,7 @@ class Autopilot:
 
     def parts(self, fixed: float, split: list[int]) -> list[float]:
         """Each rank's fixed part, were it `fixed`, as its figures at its batch in `split` are
-        read: at most the greater of its batch and the least the figures allow, where read
+        read: at most its batch, unless the figures require that much, where read
         (trainer/fixed_part.py, `capped`). A rank keeps it at any batch it is predicted at."""
         least = self.floor()
         return [capped(fixed, b, least) for b in split]

@@ -132,8 +132,8 @@ class Costs:
 
     @property
     def floor(self) -> float:
-        """The least fixed part the figures allow: a rank is read at `fixed` or at most at
-        the greater of its batch and this (trainer/fixed_part.py, `capped`). Infinite (the
+        """The least fixed part the figures allow: a rank is read at `fixed`, at most at its
+        batch unless this is as much (trainer/fixed_part.py, `capped`). Infinite (the
         default): at `fixed`, as told."""
         return self._floor
 

@@ -237,19 +237,22 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     """Ranks whose compute has a fixed part of 6 samples' worth (as session 7 read this
     project's box). The slow rank is left 1 sample; when it recovers, its compute (6 + 1) is
     still dear per sample read as cost x batch, and a pilot that assumes no fixed part never
-    gives it its samples back. Reading the fixed part from its own move, the pilot does."""
+    gives it its samples back. Reading the fixed part from its own move, the pilot does
+    where that reading requires a fixed part of a sample or more (session 20 read the rank
+    at most at the least the figures allowed, and gave 12 of these 24 seeds their samples
+    back; session 19, the fit at any batch, 23)."""
     back, readings = {}, []
-    for fixed in (0.0, None):
+    for fixed, seeds in ((0.0, 6), (None, 24)):
         back[fixed] = []
-        for seed in range(6):
+        for seed in range(seeds):
             pilot = Autopilot(4, enabled=True, fixed_samples=fixed)
             out = pilot_sim.fly(transient, [4] * 4, 100, pilot, SIX, seed)
             assert out.unjustified == [], out.changes
             back[fixed].append(out.splits[-1][1])
             if fixed is None:
                 readings.append(pilot.fixed_part.reading())
-    assert sum(b >= 3 for b in back[None]) >= 5 and max(back[0.0]) == 1, back
-    assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 4, readings
+    assert sum(b >= 3 for b in back[None]) >= 18 and max(back[0.0]) == 1, back
+    assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 16, readings
 
 
 def kept(name: str) -> dict:
@@ -549,19 +552,23 @@ def test_costs_are_read_again_at_a_new_fixed_part():
     assert costs.estimate(0).cost == pytest.approx(costs.estimate(1).cost)
 
 
-def test_a_read_fixed_part_is_taken_at_most_at_a_ranks_batch():
+def test_a_read_fixed_part_is_taken_at_most_at_a_ranks_batch_unless_the_figures_require_more():
     """Rank 0 at 1 sample took as long as rank 1 at 4. Read at a fit of 8 samples, rank 0
     would cost a third more than rank 1 a sample (0.1 s over 9 samples' worth against 12),
     and a sample moved to it would seem to cost little. Where the figures allow a fixed part
     of 0, the ranks are read at most at their batches (2 samples' worth against 8): rank 0
-    costs 4 times as much. Where they require 6, both at 6 (7 against 10). Told, as told."""
+    costs 4 times as much. Where they require 6, more than either batch, both are read at
+    the fit (session 20 read them at 6, 7 against 10: with a true fixed part of 6, a rank
+    left 1 sample then looked dear per sample after it recovered). Told, as told."""
     costs = Costs(2)
     for _ in range(10):
         costs.add([1, 4], [0.1, 0.1])
     costs.fixed, costs.floor = 8.0, 0.0
     assert costs.estimate(0).cost / costs.estimate(1).cost == pytest.approx(8 / 2)
     costs.floor = 6.0  # a new reading re-reads
-    assert costs.estimate(0).cost / costs.estimate(1).cost == pytest.approx(10 / 7)
+    assert costs.estimate(0).cost / costs.estimate(1).cost == pytest.approx(12 / 9)
+    costs.floor = 2.0  # required for rank 0 at 1, not for rank 1 at 4
+    assert costs.estimate(0).cost / costs.estimate(1).cost == pytest.approx(8 / 9)
     costs.floor = math.inf
     assert costs.estimate(0).cost / costs.estimate(1).cost == pytest.approx(12 / 9)
 
