@@ -428,6 +428,7 @@ def main() -> int:
                 ("noisy", pilot_sim.Noise()),
                 ("box", pilot_sim.BOX),  # measured on this box (pilot_sim.py says how)
                 ("curved", pilot_sim.CURVED),  # the same, its compute batch by batch
+                ("six", pilot_sim.SIX),  # the same, with a fixed part of 6 samples
             )
         }
         print(json.dumps(figures, indent=1))

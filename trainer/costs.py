@@ -128,7 +128,7 @@ class Costs:
     def fixed(self, samples: float) -> None:
         if samples != self._fixed:
             self._fixed = samples
-            self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+            self._reread()
 
     @property
     def floor(self) -> float:
@@ -141,7 +141,11 @@ class Costs:
     def floor(self, samples: float) -> None:
         if samples != self._floor:
             self._floor = samples
-            self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+            self._reread()
+
+    def _reread(self) -> None:
+        """Read every kept update's figures again, at the fixed part as it now stands."""
+        self.values = {u: self._value(*self.figures[u]) for u in self.figures}
 
     def part(self, batch: int) -> float:
         """The fixed part a figure at `batch` is read at."""

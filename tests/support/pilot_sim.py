@@ -72,6 +72,9 @@ BOX = Noise(
 # 0.0172 s: dearer from 1 to 2 (1.8 samples' worth a sample) than from 4 to 8 (0.8). A fixed
 # part read from moves between 4 and 8 is about 3 samples there, and 0 to 1 from 1 to 4.
 CURVED = dataclasses.replace(BOX, curve=(1.48, 3.30, 4.35, 5.48, 6.52, 7.20, 8.15, 8.66))
+# The same box with a fixed part of 6 samples (session 7's reading of it; a small model, or a
+# GPU half idle at a small batch): a rank left 1 sample is mostly fixed cost.
+SIX = dataclasses.replace(BOX, fixed_samples=6.0)
 
 
 @dataclass

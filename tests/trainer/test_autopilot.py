@@ -3,7 +3,6 @@ memory (fast: figures as ranks report them), and on real ranks."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -230,9 +229,6 @@ def transient(t: int) -> list[float]:
     return [C, 3 * C if 30 <= t < 60 else C, C, C]
 
 
-SIX = dataclasses.replace(pilot_sim.BOX, fixed_samples=6.0)
-
-
 def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     """Ranks whose compute has a fixed part of 6 samples' worth (as session 7 read this
     project's box). The slow rank is left 1 sample; when it recovers, its compute (6 + 1) is
@@ -246,7 +242,7 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
         back[fixed] = []
         for seed in range(seeds):
             pilot = Autopilot(4, enabled=True, fixed_samples=fixed)
-            out = pilot_sim.fly(transient, [4] * 4, 100, pilot, SIX, seed)
+            out = pilot_sim.fly(transient, [4] * 4, 100, pilot, pilot_sim.SIX, seed)
             assert out.unjustified == [], out.changes
             back[fixed].append(out.splits[-1][1])
             if fixed is None:
