@@ -308,6 +308,12 @@ class Autopilot:
             new, gain, why = self._best(split, bet, rest, fixed, most)
             if not why and slowest(est, new, fixed) < slowest(est, split, fixed):
                 return new, gain, why, betting
+        # A rank one agreeing figure from being confirmed, or from the bet, is waited for one
+        # boundary: with slow shifts confirmed in 3 figures (trainer/costs.py, POOL_N), the
+        # move due for them went 1,5,5,5 -> 2,6,2,6 a figure before rank 0's recovery could
+        # be taken, and the rest took 7-20 updates (the simulator's moving16).
+        if any(self.costs.nearly(r, BET_ALPHA) for r in pending):
+            return split, 0.0, "a rank's new speed may be confirmed at the next figure", []
         return due
 
     def _best(

@@ -16,10 +16,11 @@ Three things make the figures of one update a poor guide, each answered here:
   is read sooner, from as few as `fast` figures in a row that are each out of the regime,
   where the rank's own record says so many outliers in a row are not its spikes (the
   share of its last `RECORD` figures that were out on that side, to the power of the run,
-  under `FAST_ALPHA`). A regime started by a shift is *confirmed* by the figures that come
-  after the ones that showed it (most past halfway to the new level; as many as make the
-  whole run as unlikely for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a
-  shift read from the median), or *undone* by two back at the old level: those were
+  under `FAST_ALPHA`; on the slow side shrunk toward all ranks' records, `POOL_N`). A
+  regime started by a shift is *confirmed* by the figures that come after the ones that
+  showed it (most past halfway to the new level; as many as make the whole run as unlikely
+  for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a shift read from the
+  median), or *undone* by two back at the old level: those were
   spikes, and the old regime goes on with them. Until then a decision reads the rank at its
   cost before (`standing`), and the autopilot waits for it or leaves its batch alone (or,
   in a move due anyway, takes it at its new cost where its figures are unlikely spikes:
@@ -56,6 +57,15 @@ Z_OUT = 2.5  # one figure this many scatters (and min_shift) off its regime's me
 # its next figures then have to confirm.
 FAST_ALPHA = 0.003
 RECORD = 200  # figures of a rank's record of outliers (all its regimes)
+# A rank's share of slow outliers is its own record's shrunk toward all ranks' (with the
+# weight of POOL_N figures) once it holds POOL_FROM figures. Alone, its +1 (one more outlier
+# assumed) is 1/47 at update 50, and a 3x slowdown then needs 4 figures to be confirmed; read
+# against all four ranks' records (about 1/180), 3. Fast outliers keep a rank's own record:
+# a rank that got faster holds nobody up, and this box's fast spells (a rank with a core to
+# itself) are its own. Pooled from the first figures, a rank's own spikes were diluted and
+# 6-figure regimes started shifts (session 16's moving16 repeat 1 lost its first move).
+POOL_N = 50
+POOL_FROM = 20
 # ...and is confirmed when that share, to the power of its run and the figures after it that
 # agree, is under this (a steady rank's spikes: about one regime in 10^6 rank-updates; at
 # 10^-5 a noisy machine's spikes, tests/support/pilot_sim.Noise, moved samples between equal
@@ -197,16 +207,21 @@ class Costs:
     def _share(self, r: int, side: int, but: int = 0) -> float:
         """The share of rank r's figures out of their regime on `side` (+1 above, -1
         below), with one more assumed, leaving out its newest `but` figures (the run being
-        judged): what its record says of a figure's chance to be out."""
+        judged): what its record says of a figure's chance to be out; for a slow side, shrunk
+        toward all ranks' records (`POOL_N`)."""
         last = set(list(self.regimes[r])[len(self.regimes[r]) - but :]) if but else set()
         flags = [f for u, f in self.record[r].items() if u not in last]
-        return (flags.count(side) + 1) / (len(flags) + 2)
+        if side < 0 or len(flags) < POOL_FROM:
+            return (flags.count(side) + 1) / (len(flags) + 2)
+        every = flags + [f for q in range(self.world) if q != r for f in self.record[q].values()]
+        pooled = (every.count(side) + 1) / (len(every) + 2)
+        return (flags.count(side) + POOL_N * pooled) / (len(flags) + POOL_N)
 
     def _confirm(self, r: int) -> None:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
         shift = self.shift[r]
         side, after, agree = self._after(r)
-        if 2 * agree > after and agree >= shift.needed:
+        if _confirms(after, agree, shift.needed):
             shift.confirmed, shift.before = True, []
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
@@ -227,6 +242,18 @@ class Costs:
         half, side = (mid + shown) / 2, (1 if shown > mid else -1)
         after = q[shift.shown :]
         return side, len(after), sum(side * (x - half) > 0 for x in after)
+
+    def nearly(self, r: int, alpha: float) -> bool:
+        """Whether one more figure that agrees would confirm rank r's young shift, or take
+        its chance to be spikes (`spike_chance`) to at most `alpha`."""
+        shift = self.shift[r]
+        if shift is None or shift.confirmed or not shift.before:
+            return False
+        side, after, agree = self._after(r)
+        if _confirms(after + 1, agree + 1, shift.needed):
+            return True
+        chance = self.spike_chance(r)
+        return chance < 1 and chance * self._share(r, side, but=len(self.regimes[r])) <= alpha
 
     def spike_chance(self, r: int) -> float:
         """The chance, by rank r's record, that its young shift is spikes: that the figures
@@ -357,3 +384,9 @@ class Costs:
 def _spread(q: list[float]) -> float:
     mid = statistics.median(q)
     return 1.4826 * statistics.median(abs(x - mid) for x in q)
+
+
+def _confirms(after: int, agree: int, needed: int) -> bool:
+    """Whether a young shift's figures since those that showed it confirm it: most of them,
+    and at least `needed`, past halfway from the old level to the new."""
+    return 2 * agree > after and agree >= needed

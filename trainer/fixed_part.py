@@ -52,7 +52,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-MIN_BEFORE = 4  # updates under a split before a change of it can be read
+# Updates under a split before a change of it can be read: a move 3 updates after a rank
+# slowed has 3 rows of the new regime before it (at 4 it went unread, the fixed part stayed 0,
+# and a rank left 1 sample never got its samples back: the simulator's transient16 seed 33).
+MIN_BEFORE = 3
 MIN_AFTER = 3  # updates after a change before it is read (provisionally, until `window`)
 CAP = 3.0  # standard errors beyond which a rank's change counts no more (its cost moved)
 MIN_SHIFT = math.log(1.25)  # a window whose halves differ by this much holds a cost shift

@@ -99,4 +99,13 @@ def test_a_rank_that_slows_as_its_batch_falls_is_not_read_as_tens_of_samples():
 
 
 def test_too_few_updates_before_a_change_are_not_read():
-    assert read(6.0, 0, before=3) is None
+    assert read(6.0, 0, before=3) is None  # the first recompiles: 2 to read
+
+
+def test_three_updates_before_a_change_are_read():
+    """A move 3 updates after a rank slowed (its slowdown read against every rank's record)
+    has 3 updates of the new costs before it; left unread, a rank left 1 sample was read at
+    no fixed part and never given its samples back (the simulator's transient16, seed 33)."""
+    readings = [read(6.0, seed, before=4) for seed in range(20)]
+    assert all(r is not None and r.changes == 1 for r in readings)
+    assert sum(r.least <= 6.0 <= r.most for r in readings) >= 14, readings
