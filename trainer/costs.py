@@ -243,29 +243,32 @@ class Costs:
         after = q[shift.shown :]
         return side, len(after), sum(side * (x - half) > 0 for x in after)
 
+    def _young(self, r: int) -> Shift | None:
+        """Rank r's shift while it awaits confirmation against the regime before it."""
+        shift = self.shift[r]
+        return shift if shift is not None and not shift.confirmed and shift.before else None
+
     def nearly(self, r: int, alpha: float) -> bool:
         """Whether one more figure that agrees would confirm rank r's young shift, or take
         its chance to be spikes (`spike_chance`) to at most `alpha`."""
-        shift = self.shift[r]
-        if shift is None or shift.confirmed or not shift.before:
+        shift = self._young(r)
+        if shift is None:
             return False
-        side, after, agree = self._after(r)
-        if _confirms(after + 1, agree + 1, shift.needed):
-            return True
-        chance = self.spike_chance(r)
-        return chance < 1 and chance * self._share(r, side, but=len(self.regimes[r])) <= alpha
+        _, after, agree = self._after(r)
+        return _confirms(after + 1, agree + 1, shift.needed) or self.spike_chance(r, 1) <= alpha
 
-    def spike_chance(self, r: int) -> float:
+    def spike_chance(self, r: int, ahead: int = 0) -> float:
         """The chance, by rank r's record, that its young shift is spikes: that the figures
-        which showed it and every one since (all agreeing) were outliers of the old level
-        on that side. 1.0 without a young shift, or once a figure since has disagreed."""
-        shift = self.shift[r]
-        if shift is None or shift.confirmed or not shift.before:
+        which showed it and every one since (all agreeing), and `ahead` more that agree,
+        were outliers of the old level on that side. 1.0 without a young shift, or once a
+        figure since has disagreed."""
+        shift = self._young(r)
+        if shift is None:
             return 1.0
         side, after, agree = self._after(r)
         if agree < after:
             return 1.0
-        return self._share(r, side, but=len(self.regimes[r])) ** (shift.shown + after)
+        return self._share(r, side, but=len(self.regimes[r])) ** (shift.shown + after + ahead)
 
     def _value(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[float]:
         """Each rank's log cost per sample minus the median rank's: what all share cancels."""

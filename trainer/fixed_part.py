@@ -39,9 +39,9 @@ require a fixed part of the rank's batch or more, the premise is refuted and the
 session 20 read a rank there at the least they allowed, and with a true fixed part of 6
 samples (a compute whose launch costs as much as 6 samples: a small model) a rank left 1
 sample while 3x slow was read dear per sample after it recovered and got its samples back in
-51 of 96 simulated runs (session 19, the fit at any batch: 89; this: 71: in most of the rest
-its peers at 5, capped at 5 where the fit was 5.7, made the move back look too small). Pure
-Python (no mlx).
+51 of 96 simulated runs (session 19, the fit at any batch: 89; session 21: 71; session 22,
+slowdowns confirmed sooner: 60; in most of the rest its peers at 5, capped at 5 where the fit
+was 5.7, made the move back look too small). Pure Python (no mlx).
 """
 
 from __future__ import annotations

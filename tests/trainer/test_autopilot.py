@@ -237,7 +237,7 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     where that reading requires a fixed part of a sample or more (session 20 read the rank
     at most at the least the figures allowed, and gave 12 of these 24 seeds their samples
     back; session 19, the fit at any batch, 23; session 21, 19; session 22, slowdowns
-    confirmed a figure sooner, 17). The move back gains 9% of the compute here (10 -> 11
+    confirmed a figure sooner, 17). The move back gains 9% of the compute here (11 -> 10
     samples' worth), near the pilot's 5% once the fit is read low or the ranks' parts
     differ, so the count swings with the fit. One seed (4) reads a fixed part of 19 from a
     move made with 3 updates before it, and gives the recovered rank 5 samples to its
