@@ -125,8 +125,7 @@ class Autopilot:
             return out
         if self.last_split is not None and split != self.last_split:
             # The split changed (ours, or an operator's): the ranks whose batch changed just
-            # ran their first update at it (a recompile, and under the auto memory limit the
-            # live set's measure, with no run-ahead), and may cost otherwise per sample.
+            # ran their first update at it (a recompile), and may cost otherwise per sample.
             changed = [r for r in range(self.world) if split[r] != self.last_split[r]]
             self.costs.restart(changed)
         self.last_split = list(split)

@@ -12,17 +12,23 @@ live set: what the graph needs at once.
 
 `--memory-limit-gb auto` (`Limit`): a rank measures its live set at its first update (under a
 tight limit: that one update runs with no run-ahead), then sets the limit 5% above it, so the
-peak is the live set at the speed of the run-ahead that fits; again at the first update at
-another microbatch size (a rebalance: that update recompiles anyway, and the autopilot does
-not read it). A primitive's outputs are allocated before `eval` can wait, so a peak passes the
-limit by up to the largest of them (the head's chunk of logits: 0.5 GiB at issue 12's size on
-CUDA; on the CPU up to ten kernels' outputs): the update after a measurement lowers the limit
-by what its peak passed it by, never below the live set (on the H200: 1.11x the live set
-without, 1.08x with, at the unlimited speed). The limit never exceeds the rank's budget: what
-its machine gives without swapping (its memory less a reserve for the OS, shared by the ranks
-on it; a GPU's own memory on CUDA). The budget, not the limit, is the figure the memory
-guard, the rebalance caps and the console use: it is what the rank could hold, where the
-limit is what it holds now.
+peak is the live set at the speed of the run-ahead that fits. At another microbatch size (a
+rebalance) the live set is estimated from that one, not measured again: an update without
+run-ahead cost 1-2 updates' time after each autopilot move where ranks share cores (this box's 4
+ranks on 2 cores: 0.16-0.37 s against 0.00-0.08 s without a limit; RESULTS, session 23). At
+fewer samples the estimate is the measured live set; at more, the part of it above what the
+update started with (weights, optimizer state) grown with the samples. Both are upper bounds
+(from 4 samples to 16: 1.33x the live set on one model here, 1.50x on a small one with a large
+vocabulary, whose gradients, which do not grow, are much of it), so a rebalanced rank may hold
+more than its live set but never waits on a limit below it. A primitive's outputs are allocated
+before `eval` can wait, so a peak passes the limit by up to the largest of them (the head's
+chunk of logits: 0.5 GiB at issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the
+update after a measurement (and the first at an estimate) lowers the limit by what its peak
+passed it by, never below the live set (on the H200: 1.11x the live set without, 1.08x with, at
+the unlimited speed). The limit never exceeds the rank's budget: what its machine gives without
+swapping (its memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on
+CUDA). The budget, not the limit, is the figure the memory guard, the rebalance caps and the
+console use: it is what the rank could hold, where the limit is what it holds now.
 """
 
 from __future__ import annotations
@@ -82,9 +88,11 @@ class Limit:
 
     def __init__(self, mode: str, budget: int | None, headroom: float = AUTO_HEADROOM) -> None:
         self.mode, self.budget, self.headroom = mode, budget, headroom
-        self.live = 0  # bytes: the last live set measured (auto)
+        self.live = 0  # bytes: the live set the limit is set from (auto): measured, or estimated
         self.limit = budget if mode == "fixed" else None  # MLX's limit now, bytes
-        self._rows: int | None = None  # the microbatch size the live set was measured at
+        self._rows: int | None = None  # the microbatch size the limit is set for
+        # (samples, live set, active memory as that update started): the one measurement
+        self._measured: tuple[int, int, int] | None = None
         self._trim = False  # the next update's peak lowers the limit by what passed it
 
     @classmethod
@@ -109,13 +117,28 @@ class Limit:
             f"{gib_text(self.budget)} (this rank's share of its machine)"
         )
 
+    def estimate(self, rows: int) -> int:
+        """The live set at `rows` samples a microbatch, from the one measured (bytes): the
+        same at fewer samples, and at more, the part above what the measured update started
+        with grown in proportion. Upper bounds: the gradients in that part do not grow."""
+        if self._measured is None:
+            raise RuntimeError("no live set measured yet")
+        at, live, base = self._measured
+        if rows <= at:
+            return live
+        return base + (live - base) * rows // at
+
     @contextmanager
     def update(self, rows: int | None) -> Iterator[None]:
         """Around one update of microbatches of `rows` samples: under auto, the first one
-        (and the first at another size) runs under a tight limit and its peak sets the limit;
-        the next one's peak trims it."""
-        measuring = self.mode == "auto" and (self._rows is None or rows != self._rows)
+        runs under a tight limit and its peak sets the limit; the first at another size sets
+        it from the estimate instead. The next one's peak trims it."""
+        auto = self.mode == "auto"
+        measuring = auto and self._measured is None and rows is not None
+        if auto and not measuring and rows is not None and rows != self._rows:
+            self._set(self.estimate(rows), rows)  # a rebalance: no update without run-ahead
         trimming = self._trim and not measuring
+        base = mx.get_active_memory()
         if measuring:
             mx.set_memory_limit(TIGHT)
         mx.reset_peak_memory()
@@ -124,14 +147,19 @@ class Limit:
         finally:
             peak = mx.get_peak_memory()
             if measuring:
-                self.live, self._rows, self._trim = peak, rows, True
-                self.limit = min(self.budget, int(self.live * (1 + self.headroom)))
-                mx.set_memory_limit(self.limit)
+                self._measured = (rows, peak, min(base, peak))
+                self._set(peak, rows)
             elif trimming:
                 self._trim = False
                 if peak > self.limit:  # so the peak comes to the limit it was set to
                     self.limit = max(min(self.live, self.budget), 2 * self.limit - peak)
                     mx.set_memory_limit(self.limit)
+
+    def _set(self, live: int, rows: int | None) -> None:
+        """The limit from a live set (measured or estimated) at microbatches of `rows`."""
+        self.live, self._rows, self._trim = live, rows, True
+        self.limit = min(self.budget, int(live * (1 + self.headroom)))
+        mx.set_memory_limit(self.limit)
 
     def figures(self) -> dict[str, int]:
         """The matching keyword arguments of `records.Update` (bytes, 0 = none)."""
