@@ -7,8 +7,9 @@ batch (an update with no run-ahead, as until session 23) against the limit set f
 
 One process, one model: the first update at `--sizes`' first batch measures the live set (as a
 run's first update does), then for each other batch, `--repeats` times and alternating which
-goes first, from the first batch: (a) the limit set from `Limit.estimate`, (b) a tight update
-that measures the live set (the old way) and the limit 5% above it. Each side's first update at
+goes first, from the first batch: (a) this trainer's `Limit` (an upper bound of the live set at
+more samples; at fewer, a lower bound whose update's peak measures it), (b) a tight update that
+measures the live set (the old way) and the limit 5% above it. Each side's first update at
 the batch and the median of the `--steady` after it, in seconds; the estimate against the live
 set measured; each side's peak. Every batch size is compiled once before any of it is timed.
 """
@@ -16,6 +17,7 @@ set measured; each side's peak. Every batch size is compiled once before any of 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -76,19 +78,20 @@ def main() -> int:
     for rows in sizes:
         timed(rows)
     budget = memory.machine_budget()
-    auto = memory.Limit("auto", budget)
-    auto.apply()
-    stepper.limit = auto
+    settled = memory.Limit("auto", budget)
+    settled.apply()
+    stepper.limit = settled
     for _ in range(3):
         timed(first)
-    measured_at = auto.live
+    measured_at = settled.live
     none = memory.Limit("none", None)
     rows_out = []
     for rows in others:
         for rep in range(args.repeats):
             for side in ("estimate", "measure") if rep % 2 == 0 else ("measure", "estimate"):
-                stepper.limit = auto
-                for _ in range(2):  # back on the first batch, its limit settled
+                auto = stepper.limit = copy.deepcopy(settled)  # one measurement, at the first
+                mx.set_memory_limit(auto.limit)
+                for _ in range(2):
                     timed(first)
                 if side == "estimate":  # this trainer: the limit from the estimate
                     first_s, first_peak = timed(rows)
@@ -111,7 +114,6 @@ def main() -> int:
                         "peak": max([first_peak, *(p for _, p in steady)]),
                     }
                 )
-        stepper.limit = auto
 
     summary = {}
     for rows in others:
@@ -120,6 +122,7 @@ def main() -> int:
             for s in ("estimate", "measure")
         }
         live = statistics.median(r["live_set"] for r in mine["measure"])
+        estimate = statistics.median(r["live_set"] for r in mine["estimate"])
         summary[str(rows)] = {
             side: {
                 "first_s": statistics.median(r["first_s"] for r in rs),
@@ -129,9 +132,11 @@ def main() -> int:
             }
             for side, rs in mine.items()
         } | {
+            # fewer samples than the first: the first update's peak under a lower bound
+            "how": "measured under a lower bound" if rows < first else "an upper bound",
             "live_set_gib": live / GiB,
-            "estimate_gib": auto.estimate(rows) / GiB,
-            "estimate_over_live": auto.estimate(rows) / live,
+            "estimate_gib": estimate / GiB,
+            "estimate_over_live": estimate / live,
         }
     record = {
         "command": " ".join(["python", *sys.argv]),

@@ -13,22 +13,25 @@ live set: what the graph needs at once.
 `--memory-limit-gb auto` (`Limit`): a rank measures its live set at its first update (under a
 tight limit: that one update runs with no run-ahead), then sets the limit 5% above it, so the
 peak is the live set at the speed of the run-ahead that fits. At another microbatch size (a
-rebalance) the live set is estimated from that one, not measured again: an update without
-run-ahead cost 1-2 updates' time after each autopilot move where ranks share cores (this box's 4
-ranks on 2 cores: 0.16-0.37 s against 0.00-0.08 s without a limit; RESULTS, session 23). At
-fewer samples the estimate is the measured live set; at more, the part of it above what the
-update started with (weights, optimizer state) grown with the samples. Both are upper bounds
-(from 4 samples to 16: 1.33x the live set on one model here, 1.50x on a small one with a large
-vocabulary, whose gradients, which do not grow, are much of it), so a rebalanced rank may hold
-more than its live set but never waits on a limit below it. A primitive's outputs are allocated
-before `eval` can wait, so a peak passes the limit by up to the largest of them (the head's
-chunk of logits: 0.5 GiB at issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the
-update after a measurement (and the first at an estimate) lowers the limit by what its peak
-passed it by, never below the live set (on the H200: 1.11x the live set without, 1.08x with, at
-the unlimited speed). The limit never exceeds the rank's budget: what its machine gives without
-swapping (its memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on
-CUDA). The budget, not the limit, is the figure the memory guard, the rebalance caps and the
-console use: it is what the rank could hold, where the limit is what it holds now.
+rebalance) no update runs without run-ahead, which cost 1-2 updates' time after each autopilot
+move where ranks share cores (this box's 4 ranks on 2 cores: 0.16-0.37 s against 0.00-0.08 s
+without a limit) and a third of an update on an H100 (RESULTS, session 23). At more samples than
+any measured, the live set is estimated: the part of the largest one's above the base (weights
+and optimizer state, as the first update started) grown in proportion, an upper bound (the
+gradients in that part do not grow; 1.10x at 24 samples from 16 on the H100, 1.33-1.50x at 16
+from 4 on two small models here) that never leaves a rank waiting on a limit below its live set.
+At fewer samples than any measured, that part shrunk in proportion is a lower bound: the update
+runs under it, waits only near its peak, and its peak, the live set, sets the limit, so a rank
+that gives samples away (a swapping rank relieved) holds only what it needs. Between two sizes
+measured, the line through them. A primitive's outputs are allocated before `eval` can wait, so
+a peak passes the limit by up to the largest of them (the head's chunk of logits: 0.5 GiB at
+issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the update after a limit set
+from a peak (and the first at an estimate) lowers the limit by what its peak passed it by, never
+below the live set (on the H200: 1.11x the live set without, 1.08x with, at the unlimited
+speed). The limit never exceeds the rank's budget: what its machine gives without swapping (its
+memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on CUDA). The
+budget, not the limit, is the figure the memory guard, the rebalance caps and the console use:
+it is what the rank could hold, where the limit is what it holds now.
 """
 
 from __future__ import annotations
@@ -91,8 +94,8 @@ class Limit:
         self.live = 0  # bytes: the live set the limit is set from (auto): measured, or estimated
         self.limit = budget if mode == "fixed" else None  # MLX's limit now, bytes
         self._rows: int | None = None  # the microbatch size the limit is set for
-        # (samples, live set, active memory as that update started): the one measurement
-        self._measured: tuple[int, int, int] | None = None
+        self._live_at: dict[int, int] = {}  # microbatch size -> the live set measured there
+        self._base = 0  # active memory as the first measured update started (weights, state)
         self._trim = False  # the next update's peak lowers the limit by what passed it
 
     @classmethod
@@ -117,37 +120,51 @@ class Limit:
             f"{gib_text(self.budget)} (this rank's share of its machine)"
         )
 
-    def estimate(self, rows: int) -> int:
-        """The live set at `rows` samples a microbatch, from the one measured (bytes): the
-        same at fewer samples, and at more, the part above what the measured update started
-        with grown in proportion. Upper bounds: the gradients in that part do not grow."""
-        if self._measured is None:
-            raise RuntimeError("no live set measured yet")
-        at, live, base = self._measured
-        if rows <= at:
-            return live
-        return base + (live - base) * rows // at
+    def estimate(self, rows: int) -> tuple[int, bool]:
+        """The live set at `rows` samples a microbatch (bytes), and whether the next update
+        there measures it. As measured there; else on the line from the base (what stays
+        between updates: weights, optimizer state) at 0 samples through the size measured
+        nearest above: a lower bound, as the gradients do not shrink with the samples (0.83-
+        0.98x the live set here), which the update measures. Beyond the largest size
+        measured, its line extended: an upper bound, never measured (1.05-1.10x the live set at
+        4x the samples on two models here, 1.50x on one whose gradients are much of it)."""
+        if rows in self._live_at:
+            return self._live_at[rows], False
+        above = min((b for b in self._live_at if b > rows), default=None)
+        at = max(self._live_at) if above is None else above
+        base = min(self._base, self._live_at[at])
+        return base + (self._live_at[at] - base) * rows // at, above is not None
 
     @contextmanager
     def update(self, rows: int | None) -> Iterator[None]:
-        """Around one update of microbatches of `rows` samples: under auto, the first one
-        runs under a tight limit and its peak sets the limit; the first at another size sets
-        it from the estimate instead. The next one's peak trims it."""
-        auto = self.mode == "auto"
-        measuring = auto and self._measured is None and rows is not None
-        if auto and not measuring and rows is not None and rows != self._rows:
-            self._set(self.estimate(rows), rows)  # a rebalance: no update without run-ahead
-        trimming = self._trim and not measuring
-        base = mx.get_active_memory()
-        if measuring:
+        """Around one update of microbatches of `rows` samples. Under auto, the first one
+        runs under a tight limit, the first at a size below one measured under the lower bound
+        `estimate` gives (waiting at most near its peak), and the peak of either, the live set
+        there, sets the limit; the next update's peak trims it. Beyond the largest size
+        measured, the upper bound sets it."""
+        auto = self.mode == "auto" and rows is not None
+        first = auto and not self._live_at
+        measuring = first
+        if first:
             mx.set_memory_limit(TIGHT)
+        elif auto and rows != self._rows:  # a rebalance: no update without run-ahead
+            live, measuring = self.estimate(rows)
+            if measuring:  # a lower bound: the peak above it is the live set
+                self._rows, self._trim = rows, False
+                self.limit = min(self.budget, live)
+                mx.set_memory_limit(self.limit)
+            else:
+                self._set(live, rows)
+        trimming = self._trim and not measuring
         mx.reset_peak_memory()
         try:
             yield
         finally:
             peak = mx.get_peak_memory()
+            if first:  # what stays between updates (weights, optimizer state): the base
+                self._base = mx.get_active_memory()
             if measuring:
-                self._measured = (rows, peak, min(base, peak))
+                self._live_at[rows] = peak
                 self._set(peak, rows)
             elif trimming:
                 self._trim = False

@@ -81,7 +81,7 @@ def _stepper(chunk=32):
     return stepper, update
 
 
-def test_auto_measures_the_live_set_once_and_estimates_it_at_another_batch():
+def test_auto_measures_the_live_set_once_a_batch_and_trims_the_limit_once():
     stepper, update = _stepper()
     limit = stepper.limit = memory.Limit("auto", budget=8 * GiB)
     assert limit.apply().startswith("memory limit auto")
@@ -101,10 +101,10 @@ def test_auto_measures_the_live_set_once_and_estimates_it_at_another_batch():
     trimmed = limit.limit
     update(2)
     assert limit.limit == trimmed  # once
-    # a rebalance gave this rank more samples: the live set at them is estimated (see
-    # test_a_rebalanced_rank_estimates_its_live_set_and_runs_ahead), not measured
+    # a rebalance gave this rank more samples: the live set there is estimated, an upper
+    # bound (test_a_rebalanced_rank_never_runs_without_run_ahead)
     update(3, batch=16)
-    assert limit.live == limit.estimate(16) > live
+    assert limit.live == limit.estimate(16)[0] > live
     assert limit.limit <= int(limit.live * (1 + memory.AUTO_HEADROOM))
     again = limit.live
     update(4, batch=16)  # trimmed at most once more
@@ -116,11 +116,20 @@ def test_auto_measures_the_live_set_once_and_estimates_it_at_another_batch():
     }
 
 
-def test_a_rebalanced_rank_estimates_its_live_set_and_runs_ahead(monkeypatch):
-    """A rebalance does not measure the live set again: that update would run without
-    run-ahead, 1-2 updates' time after each move where ranks share cores. The estimate holds
-    the live set it stands for, and not much more."""
+def test_a_rebalanced_rank_never_runs_without_run_ahead(monkeypatch):
+    """A rebalance never runs an update under a tight limit (1-2 updates' time after each move
+    where ranks share cores). Fewer samples than measured: the first update runs under a
+    lower bound of the live set and its peak measures it, so a rank that gives samples away
+    holds only its live set. More than ever measured: an upper bound. Each against the live
+    set a tight first update measures."""
     stepper, update = _stepper()
+
+    def alone(batch: int) -> int:  # the live set as a fresh Limit's first update measures it
+        stepper.limit = memory.Limit("auto", budget=8 * GiB)
+        update(0, batch)
+        return stepper.limit.live
+
+    truth = {b: alone(b) for b in (2, 3, 8, 16)}
     limit = stepper.limit = memory.Limit("auto", budget=8 * GiB)
     limit.apply()
     update(0)
@@ -132,21 +141,24 @@ def test_a_rebalanced_rank_estimates_its_live_set_and_runs_ahead(monkeypatch):
         return real_set(n)
 
     monkeypatch.setattr(mx, "set_memory_limit", recorded)
-    for i, batch in enumerate((16, 16, 2, 4, 8), 1):
+    for i, batch in enumerate((16, 2, 3, 8), 1):
+        guess, measures = limit.estimate(batch)
         update(i, batch)
-        assert limit.live == (measured if batch <= 4 else limit.estimate(batch))
-    assert memory.TIGHT not in set_to  # no update of the five ran without run-ahead
-    assert limit.estimate(2) == measured  # fewer samples: the live set measured at 4 bounds it
-
-    # each estimate against the live set measured alone at its size (a fresh Limit's first
-    # update, the way the first update measures it)
-    for batch in (8, 16):
-        alone = memory.Limit("auto", budget=8 * GiB)
-        stepper.limit = alone
-        update(10 + batch, batch)
-        # 1.23x at twice the samples, 1.50x at four times (this model's vocabulary makes its
-        # gradients, which do not grow, a large part of the live set)
-        assert alone.live <= limit.estimate(batch) <= 1.6 * alone.live, batch
+        if measures:  # below a size measured: under the guess, then its peak
+            assert set_to[-2] == guess < truth[batch]
+            assert limit.estimate(batch) == (limit.live, False)
+            # the peak passes the limit by what runs ahead before eval waits (up to ten
+            # kernels' outputs on the CPU), as every update's under auto does (1.06x and 1.13x
+            # here; test_by_default_the_peak_is_the_live_set allows 1.25x)
+            assert 0.98 * truth[batch] <= limit.live <= 1.25 * truth[batch], batch
+        else:  # beyond the largest: 1.23x at twice the samples, 1.50x at four times (this
+            # model's vocabulary makes its gradients, which do not grow, much of its live set)
+            assert limit.live == guess
+            assert truth[batch] <= guess <= 1.6 * truth[batch], batch
+    assert [b for b in (16, 2, 3, 8) if limit.estimate(b)[1] is False] == [16, 2, 3, 8]
+    update(5, 4)
+    assert limit.live == measured  # back where it was measured: nothing measured again
+    assert memory.TIGHT not in set_to  # no update of these ran without run-ahead
 
 
 def test_the_limit_never_passes_the_budget():
