@@ -151,14 +151,14 @@ class TrainConfig:
     memory_limit_gb: str = _f(
         "auto",
         "MLX memory limit in GiB, one value or one per rank: auto (each rank measures its "
-        "update's live set at its first update and estimates it from that at another local "
-        "batch (an upper bound), sets the limit to 5%% above it, and lowers it by what the next "
-        "update's peak passed it by (never below it), so the peak is the live set; never "
-        "above what its machine gives without swapping: its memory less 15%% (at least 2 GiB) "
-        "for the OS, shared by the ranks on it), a number, or 0 (none: MLX's own). The memory "
-        "guard, rebalance caps and the console use the budget: the number, or auto's machine "
-        "share. On CUDA, MLX commits 10 kernels a batch (MLX_MAX_OPS_PER_BUFFER, unless set: "
-        "what runs ahead)",
+        "update's live set at its first update (and at a smaller local batch, under a lower "
+        "bound of it; beyond the largest measured, an upper bound stands for it), sets the "
+        "limit to 5%% above it, and lowers it by what the next update's peak passed it by "
+        "(never below it), so the peak is the live set; never above what its machine gives "
+        "without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "
+        "ranks on it), a number, or 0 (none: MLX's own). The memory guard, rebalance caps and "
+        "the console use the budget: the number, or auto's machine share. On CUDA, MLX "
+        "commits 10 kernels a batch (MLX_MAX_OPS_PER_BUFFER, unless set: what runs ahead)",
     )
     wired_limit_gb: str = _f("", "Metal wired-memory limit in GiB (macOS only; ignored elsewhere)")
     shard_optimizer: bool = _f(

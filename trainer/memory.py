@@ -12,26 +12,25 @@ live set: what the graph needs at once.
 
 `--memory-limit-gb auto` (`Limit`): a rank measures its live set at its first update (under a
 tight limit: that one update runs with no run-ahead), then sets the limit 5% above it, so the
-peak is the live set at the speed of the run-ahead that fits. At another microbatch size (a
-rebalance) no update runs without run-ahead, which cost 1-2 updates' time after each autopilot
-move where ranks share cores (this box's 4 ranks on 2 cores: 0.16-0.37 s against 0.00-0.08 s
-without a limit) and a third of an update on an H100 (RESULTS, session 23). At more samples than
-any measured, the live set is estimated: the part of the largest one's above the base (weights
-and optimizer state, as the first update started) grown in proportion, an upper bound (the
-gradients in that part do not grow; 1.10x at 24 samples from 16 on the H100, 1.33-1.50x at 16
-from 4 on two small models here) that never leaves a rank waiting on a limit below its live set.
-At fewer samples than any measured, that part shrunk in proportion is a lower bound: the update
-runs under it, waits only near its peak, and its peak, the live set, sets the limit, so a rank
-that gives samples away (a swapping rank relieved) holds only what it needs. Between two sizes
-measured, the line through them. A primitive's outputs are allocated before `eval` can wait, so
-a peak passes the limit by up to the largest of them (the head's chunk of logits: 0.5 GiB at
-issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the update after a limit set
-from a peak (and the first at an estimate) lowers the limit by what its peak passed it by, never
-below the live set (on the H200: 1.11x the live set without, 1.08x with, at the unlimited
-speed). The limit never exceeds the rank's budget: what its machine gives without swapping (its
-memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on CUDA). The
-budget, not the limit, is the figure the memory guard, the rebalance caps and the console use:
-it is what the rank could hold, where the limit is what it holds now.
+peak is the live set at the speed of the run-ahead that fits. After a rebalance no update runs
+without run-ahead: that cost 1-2 updates' time after each autopilot move where ranks share cores
+(this box's 4 ranks on 2 cores: 0.11-0.48 s against -0.05-0.14 s now) and a tenth to a fifth of
+one on an H100 (RESULTS, session 23). At a batch below one measured, the first update runs under
+a lower bound of its live set: the line from the base (what stays between updates: weights,
+optimizer state) through the size measured nearest above, under the live set because the
+gradients do not shrink with the samples. It waits only near its peak, and its peak, the live
+set there, sets the limit: a rank that gives samples away (a swapping rank relieved) holds only
+what it needs. Beyond the largest batch measured, that line extended is an upper bound and sets
+the limit (1.10x the live set at 24 samples from 16 on the H100, up to 1.50x at 16 from 4 on a
+small model whose gradients are much of its live set). A primitive's outputs are allocated
+before `eval` can wait, so a peak passes the limit by up to the largest of them (the head's
+chunk of logits: 0.5 GiB at issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the
+update after a limit set from a peak (and the first under an upper bound) lowers the limit by
+what its peak passed it by, never below the live set (on the H200: 1.11x the live set without,
+1.08x with, at the unlimited speed). The limit never exceeds the rank's budget: what its machine
+gives without swapping (its memory less a reserve for the OS, shared by the ranks on it; a GPU's
+own memory on CUDA). The budget, not the limit, is the figure the memory guard, the rebalance
+caps and the console use: it is what the rank could hold, where the limit is what it holds now.
 """
 
 from __future__ import annotations
@@ -95,7 +94,7 @@ class Limit:
         self.limit = budget if mode == "fixed" else None  # MLX's limit now, bytes
         self._rows: int | None = None  # the microbatch size the limit is set for
         self._live_at: dict[int, int] = {}  # microbatch size -> the live set measured there
-        self._base = 0  # active memory as the first measured update started (weights, state)
+        self._base = 0  # active memory after the first update: weights, optimizer state
         self._trim = False  # the next update's peak lowers the limit by what passed it
 
     @classmethod
