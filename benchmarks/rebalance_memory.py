@@ -7,11 +7,12 @@ batch (an update with no run-ahead, as until session 23) against the limit set f
 
 One process, one model: the first update at `--sizes`' first batch measures the live set (as a
 run's first update does), then for each other batch, `--repeats` times and alternating which
-goes first, from the first batch: (a) this trainer's `Limit` (an upper bound of the live set at
-more samples; at fewer, a lower bound whose update's peak measures it), (b) a tight update that
-measures the live set (the old way) and the limit 5% above it. Each side's first update at
-the batch and the median of the `--steady` after it, in seconds; the estimate against the live
-set measured; each side's peak. Every batch size is compiled once before any of it is timed.
+goes first, from the first batch: (a) this trainer's `Limit` (an estimate at or above the live
+set at more samples; at fewer, a lower bound whose update's peak measures it), (b) a tight
+update that measures the live set (the old way) and the limit 5% above it. Each side's first
+update at the batch and the median of the `--steady` after it, in seconds; the estimate against
+the live set measured; each side's peak. Every batch size is compiled once before any of it is
+timed.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def main() -> int:
             for side, rs in mine.items()
         } | {
             # fewer samples than the first: the first update's peak under a lower bound
-            "how": "measured under a lower bound" if rows < first else "an upper bound",
+            "how": "measured under a lower bound" if rows < first else "estimated",
             "live_set_gib": live / GiB,
             "estimate_gib": estimate / GiB,
             "estimate_over_live": estimate / live,

@@ -152,7 +152,7 @@ class TrainConfig:
         "auto",
         "MLX memory limit in GiB, one value or one per rank: auto (each rank measures its "
         "update's live set at its first update (and at a smaller local batch, under a lower "
-        "bound of it; beyond the largest measured, an upper bound stands for it), sets the "
+        "bound of it; beyond the largest measured, an estimate at or above it), sets the "
         "limit to 5%% above it, and lowers it by what the next update's peak passed it by "
         "(never below it), so the peak is the live set; never above what its machine gives "
         "without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "

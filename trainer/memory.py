@@ -20,17 +20,18 @@ a lower bound of its live set: the line from the base (what stays between update
 optimizer state) through the size measured nearest above, under the live set because the
 gradients do not shrink with the samples. It waits only near its peak, and its peak, the live
 set there, sets the limit: a rank that gives samples away (a swapping rank relieved) holds only
-what it needs. Beyond the largest batch measured, that line extended is an upper bound and sets
-the limit (1.10x the live set at 24 samples from 16 on the H100, up to 1.50x at 16 from 4 on a
-small model whose gradients are much of its live set). A primitive's outputs are allocated
-before `eval` can wait, so a peak passes the limit by up to the largest of them (the head's
-chunk of logits: 0.5 GiB at issue 12's size on CUDA; on the CPU up to ten kernels' outputs): the
-update after a limit set from a peak (and the first under an upper bound) lowers the limit by
-what its peak passed it by, never below the live set (on the H200: 1.11x the live set without,
-1.08x with, at the unlimited speed). The limit never exceeds the rank's budget: what its machine
-gives without swapping (its memory less a reserve for the OS, shared by the ranks on it; a GPU's
-own memory on CUDA). The budget, not the limit, is the figure the memory guard, the rebalance
-caps and the console use: it is what the rank could hold, where the limit is what it holds now.
+what it needs. Beyond the largest batch measured, that line extended stands for the live set and
+sets the limit: for the same reason at or above it (1.10x at 24 samples from 16 on the H100,
+1.00-1.50x at twice to four times the samples on three models here), so the rank waits on no
+limit below its live set. A primitive's outputs are allocated before `eval` can wait, so a peak
+passes the limit by up to the largest of them (the head's chunk of logits: 0.5 GiB at issue 12's
+size on CUDA; on the CPU up to ten kernels' outputs): the update after a limit set from a peak
+(and the first beyond the largest measured) lowers the limit by what its peak passed it by,
+never below the live set (on the H200: 1.11x the live set without, 1.08x with, at the unlimited
+speed). The limit never exceeds the rank's budget: what its machine gives without swapping (its
+memory less a reserve for the OS, shared by the ranks on it; a GPU's own memory on CUDA). The
+budget, not the limit, is the figure the memory guard, the rebalance caps and the console use:
+it is what the rank could hold, where the limit is what it holds now.
 """
 
 from __future__ import annotations
@@ -123,10 +124,11 @@ class Limit:
         """The live set at `rows` samples a microbatch (bytes), and whether the next update
         there measures it. As measured there; else on the line from the base (what stays
         between updates: weights, optimizer state) at 0 samples through the size measured
-        nearest above: a lower bound, as the gradients do not shrink with the samples (0.83-
-        0.98x the live set here), which the update measures. Beyond the largest size
-        measured, its line extended: an upper bound, never measured (1.05-1.10x the live set at
-        4x the samples on two models here, 1.50x on one whose gradients are much of it)."""
+        nearest above: a lower bound, as the gradients do not shrink with the samples (0.72-
+        0.97x the live set at a quarter to half the samples, three models here), which the
+        update measures. Beyond the largest size measured, its line extended: for the same
+        reason at or above the live set, never measured (1.00-1.10x at twice to four times the
+        samples on two models, 1.23-1.50x on one whose gradients are much of its live set)."""
         if rows in self._live_at:
             return self._live_at[rows], False
         above = min((b for b in self._live_at if b > rows), default=None)
@@ -140,7 +142,7 @@ class Limit:
         runs under a tight limit, the first at a size below one measured under the lower bound
         `estimate` gives (waiting at most near its peak), and the peak of either, the live set
         there, sets the limit; the next update's peak trims it. Beyond the largest size
-        measured, the upper bound sets it."""
+        measured, the line extended sets it."""
         auto = self.mode == "auto" and rows is not None
         first = auto and not self._live_at
         measuring = first

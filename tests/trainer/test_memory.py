@@ -120,8 +120,8 @@ def test_a_rebalanced_rank_never_runs_without_run_ahead(monkeypatch):
     """A rebalance never runs an update under a tight limit (1-2 updates' time after each move
     where ranks share cores). Fewer samples than measured: the first update runs under a
     lower bound of the live set and its peak measures it, so a rank that gives samples away
-    holds only its live set. More than ever measured: an upper bound. Each against the live
-    set a tight first update measures."""
+    holds only its live set. More than ever measured: an estimate at or above it. Each
+    against the live set a tight first update measures."""
     stepper, update = _stepper()
 
     def alone(batch: int) -> int:  # the live set as a fresh Limit's first update measures it
