@@ -150,12 +150,8 @@ class Limit:
             mx.set_memory_limit(TIGHT)
         elif auto and rows != self._rows:  # a rebalance: no update without run-ahead
             live, measuring = self.estimate(rows)
-            if measuring:  # a lower bound: the peak above it is the live set
-                self._rows, self._trim = rows, False
-                self.limit = min(self.budget, live)
-                mx.set_memory_limit(self.limit)
-            else:
-                self._set(live, rows)
+            # under a lower bound, no headroom: the peak above it is the live set
+            self._set(live, rows, 0.0 if measuring else self.headroom)
         trimming = self._trim and not measuring
         mx.reset_peak_memory()
         try:
@@ -173,10 +169,12 @@ class Limit:
                     self.limit = max(min(self.live, self.budget), 2 * self.limit - peak)
                     mx.set_memory_limit(self.limit)
 
-    def _set(self, live: int, rows: int | None) -> None:
-        """The limit from a live set (measured or estimated) at microbatches of `rows`."""
+    def _set(self, live: int, rows: int | None, headroom: float | None = None) -> None:
+        """The limit `headroom` (default: the rank's) over a live set, measured or estimated,
+        at microbatches of `rows`; the next update not measuring trims it."""
+        headroom = self.headroom if headroom is None else headroom
         self.live, self._rows, self._trim = live, rows, True
-        self.limit = min(self.budget, int(live * (1 + self.headroom)))
+        self.limit = min(self.budget, int(live * (1 + headroom)))
         mx.set_memory_limit(self.limit)
 
     def figures(self) -> dict[str, int]:
