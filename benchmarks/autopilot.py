@@ -21,7 +21,9 @@ slowdown schedule, known afterwards, makes fastest over the run or over a phase,
 fixed part in --plan-fixed, each run fixed: the one that measured fastest); and the oracle
 (for each phase, the fastest of those runs over that phase's updates, as if switched to at
 the right update). Throughput counts updates 5 on (the first compile is nobody's).
-Reaction: updates run on the old split after a change of the schedule. Moves between equal
+Reaction: updates run on the old split after a change of the schedule, or "kept" where the
+split in place was already within 2% of the phase's best (by the schedule on this box's model,
+`kept`, as the simulator judges). Moves between equal
 ranks: samples moved from a rank to one whose (simulated) cost did not make it faster, under
 any fixed part of a rank's compute (`unjustified`; the simulator knows its fixed part and
 counts by it); and judged by what the ranks measured instead (`unmeasured`: the box can make
@@ -166,6 +168,24 @@ def unjustified(changes, factors_at, lag: int = 0) -> int:
                 if moved and f[d] <= f[t] and f[d] * old[d] <= f[t] * new[t]:
                     n += 1
     return n
+
+
+def kept(changes, start: list[int], factors_at, phase: range, lag: int = 0) -> bool:
+    """Whether the split in place at a phase's first (logged) update was already within 2% of
+    the phase's best, so that there was nothing to answer: judged as the simulator judges
+    (pilot_sim.reaction), by the schedule on this box's model without noise (pilot_sim.BOX:
+    its fixed part and its time after the slowest rank)."""
+    split = start
+    for step, _, new in changes:
+        if step < phase.start:  # logged at its last update on the old split
+            split = new
+
+    def costs(t: int) -> list[float]:
+        return factors_at(t - lag)
+
+    best = pilot_sim.best_split(costs, len(start), sum(start), phase, pilot_sim.BOX)
+    time = pilot_sim.expected(costs, split, phase, pilot_sim.BOX)
+    return time <= 1.02 * pilot_sim.expected(costs, best, phase, pilot_sim.BOX)
 
 
 def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:
@@ -551,8 +571,12 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
                 t, s = max(phase, key=lambda ts: ts[0] / ts[1])
                 tokens, seconds = tokens + t, seconds + s
             reactions = []  # updates on the old split: the first slowed, to the move's (logged)
-            for at, _ in phases[1:]:
+            ends = [at + lag for at, _ in phases[2:]] + [updates]
+            for (at, _), end in zip(phases[1:], ends, strict=True):
                 first = at + lag
+                if kept(pilot["changes"], arms["pilot"], factors_at, range(first, end), lag):
+                    reactions.append("kept")
+                    continue
                 after = [step for step, _, _ in pilot["changes"] if step >= first]
                 reactions.append(after[0] - first + 1 if after else None)
             rows.append(

@@ -55,8 +55,10 @@ QUIET = Noise(shared=0.1, own=0.08, spikes=0.01)
 # about (1.1 + batch) samples' worth (session 17's fixed arms, each rank's median compute
 # over a phase against its batch, 1 to 8: benchmarks/results/2026-12-04-s17/
 # fixed_part_fit.py.txt; session 7 read 6 from pilot runs), the first update at a new batch
-# takes 2.8x the rank's compute (median of 205 changes in sessions 16-17; session 7: 2.4x),
-# and an update ends ~2.3 samples' compute after its slowest rank (session 7).
+# takes 1.13x the rank's compute (median of 97 changes in session 23's pilot runs, quartiles
+# 0.92-1.39; 2.7-3.4x in sessions 16-22, when that update also measured the live set under a
+# tight memory limit: benchmarks/results/2026-12-05-s24/recompile.py.txt), and an update ends
+# ~2.3 samples' compute after its slowest rank (session 7).
 BOX = Noise(
     shared=0.11,
     own=0.09,
@@ -64,7 +66,7 @@ BOX = Noise(
     spike_range=(0.43, 0.76),
     fixed_samples=1.1,
     overhead=2.3,
-    recompile=1.8,
+    recompile=0.13,
 )
 # The same box with its compute as measured batch by batch (session 17's fixed arms, each
 # rank's median compute over a phase by its batch: 0.0255 s at 1, 0.0567 at 2, ... 0.149 at
