@@ -9,19 +9,22 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   from the split's own changes; it steers by their best fit, a rank at most at its batch
   where the figures allow: a fit read between big batches does not say what a rank measured
   at one sample does at ten). Of the splits that fast, it takes the nearest to the current
-  one (fewest samples moved), and moves only when every sample goes from a rank clearly
-  slower than where it lands (under that fixed part and the most the figures allow), the
-  gain is at least `min_gain` and beyond what the noise explains, and the same split was
-  proposed at two boundaries in a row (at one, where a rank's confirmed new cost is the
-  reason: its own figures held it already). After a change it waits `cooldown` updates,
-  unless a rank's cost moved since (a new regime): a change far beyond the noise is then
-  followed 4-5 updates after it began (2 figures show it, as many confirm it; the next
-  update runs the new split), one nearer the noise within about `Costs.recent` + 4. A rank
-  whose new speed awaits confirmation holds up a move only if it may be slower (it could
-  make the move moot); one that may be faster keeps its batch and the others move without
-  it, unless the move answers another rank's confirmed new speed, its own figures are
-  unlikely spikes, and the move beats staying even if they were: then it is taken at its new
-  speed. The global batch never changes, so neither does the math.
+  one (fewest samples moved; a rank that gives keeps what fits at the high end of its cost,
+  where the others can take the rest: the update waits for its slowest rank, and a cost read
+  from few figures after it moved may move on, as a gradual slowdown's does), and moves only
+  when every sample goes from a rank clearly slower than where it lands (under that fixed
+  part and the most the figures allow), the gain is at least `min_gain` and beyond what the
+  noise explains, and the same split was proposed at two boundaries in a row (at one, where
+  a rank's confirmed new cost is the reason: its own figures held it already). After a
+  change it waits `cooldown` updates, unless a rank's cost moved since (a new regime): a
+  change far beyond the noise is then followed 4-5 updates after it began (2 figures show
+  it, as many confirm it; the next update runs the new split), one nearer the noise within
+  about `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only
+  if it may be slower (it could make the move moot); one that may be faster keeps its batch
+  and the others move without it, unless the move answers another rank's confirmed new
+  speed, its own figures are unlikely spikes, and the move beats staying even if they were:
+  then it is taken at its new speed. The global batch never changes, so neither does the
+  math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
@@ -52,6 +55,7 @@ SETTLED = 8  # figures from which a rank's cost counts as well read
 Z_YOUNG = 2.0  # standard errors a move must clear while a rank's cost is read from fewer
 Z_AGREE = 3.0  # two ranks' costs closer than this many standard errors agree within the noise
 Z_GAIN = 1.0  # standard errors the predicted gain itself must clear
+Z_ROOM = 3.0  # standard errors over its cost at which a giving rank is left what fits
 POOL_MAX = math.log(1.3)  # ranks further apart than 30% are never pooled, however noisy
 TIE = 0.02  # splits predicted within this fraction of the fastest count as fast as it
 # A move made for a rank's confirmed new speed takes a rank whose new speed awaits
@@ -342,7 +346,11 @@ class Autopilot:
         # a pending rank's cap is its batch, and the target has room for that batch: it
         # neither takes nor gives
         caps = [split[r] if r in pending else cap for r, cap in enumerate(best.caps)]
-        new = nearest(split, costs, target * (1 + TIE), caps, fixed)
+        # A rank that must give is left what fits at the high end of its cost (Z_ROOM standard
+        # errors), where the others can take the rest within the target: the update waits for
+        # its slowest rank, so a cost read low costs a straggler, one read high nothing.
+        upper = [c * math.exp(Z_ROOM * e.se) for c, e in zip(costs, est, strict=True)]
+        new = nearest(split, costs, target * (1 + TIE), caps, fixed, upper)
         if new == split:
             return split, 0.0, "the split is as fast as any"
         before = [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
@@ -487,17 +495,30 @@ def nearest(
     target: float,
     caps: list[int | None],
     fixed: list[float] | None = None,
+    upper: list[float] | None = None,
 ) -> list[int]:
     """The split nearest to `split` (fewest samples moved) under which no rank's predicted
     time (cost x (its fixed part + batch); no fixed part if None) exceeds `target`: ranks over
     it keep what fits, the rest goes, one sample at a time, to the rank that would be done
     soonest with it. Ranks of equal cost never trade samples: only a rank over the target
-    gives, only one under it takes."""
+    gives, only one under it takes. Given `upper` (each rank's cost at the high end of what
+    its figures allow), a rank that gives keeps what fits at it, where the others can take
+    the rest; never fewer than 2 samples for that caution alone (at 1 a rank's cost is mostly
+    its fixed part, read worst: a rank left 1 was read as recovered and given its samples back
+    while still slow, in the simulator's noisy moving runs)."""
     fixed = fixed or [0.0] * len(split)
-    room = [
-        min(max(1, math.floor(target / c - f + 1e-9)), cap if cap is not None else 1 << 30)
-        for c, f, cap in zip(costs, fixed, caps, strict=True)
-    ]
+
+    def fits(c: float, f: float, cap: int | None) -> int:
+        return min(max(1, math.floor(target / c - f + 1e-9)), cap if cap is not None else 1 << 30)
+
+    room = [fits(c, f, cap) for c, f, cap in zip(costs, fixed, caps, strict=True)]
+    if upper is not None:
+        cautious = [
+            max(fits(u, f, cap), min(r, 2)) if b > r else r
+            for u, f, cap, b, r in zip(upper, fixed, caps, split, room, strict=True)
+        ]
+        if sum(cautious) >= sum(split):
+            room = cautious
     new = [min(b, r) for b, r in zip(split, room, strict=True)]
     for _ in range(sum(split) - sum(new)):
         open_ = [r for r in range(len(new)) if new[r] < room[r]]
