@@ -17,17 +17,17 @@ compute per microstep), in four scenarios of 100 updates:
 - `equal`:     no slowdown, 500 updates (16): the changes the autopilot made (target 0).
 
 Each against: the even split fixed; the best fixed split in hindsight (of the splits that the
-slowdown schedule, known afterwards, makes fastest over the run or over a phase, for each
-fixed part in --plan-fixed, each run fixed: the one that measured fastest); and the oracle
-(for each phase, the fastest of those runs over that phase's updates, as if switched to at
-the right update). Throughput counts updates 5 on (the first compile is nobody's).
-Reaction: updates run on the old split after a change of the schedule, or "kept" where the
-split in place was already within 2% of the phase's best (by the schedule on this box's model,
-`kept`, as the simulator judges). Moves between equal
-ranks: samples moved from a rank to one whose (simulated) cost did not make it faster, under
-any fixed part of a rank's compute (`unjustified`; the simulator knows its fixed part and
-counts by it); and judged by what the ranks measured instead (`unmeasured`: the box can make
-a rank faster or slower than its schedule says, as the H200 host's cores do).
+slowdown schedule, known afterwards, makes fastest over the run or over a phase, for each fixed
+part in --plan-fixed, each run fixed: the one that measured fastest); and the oracle (for each
+phase, the fastest of those runs over that phase's updates, as if switched to at the right
+update). Throughput counts updates 5 on (the first compile is nobody's). Reaction: updates run
+on the old split after a change of the schedule, or "kept" where the split in place was already
+within 2% of the phase's best (by the schedule on this box's model, `kept`, as the simulator
+judges). Moves between equal ranks: samples moved from a rank to one whose (simulated) cost did
+not make it faster, under any fixed part of a rank's compute (`unjustified`; the simulator
+knows its fixed part and counts by it); and judged by what the ranks measured instead
+(`unmeasured`: the box can make a rank faster or slower than its schedule says, as the H200
+host's cores do).
 Runs are interleaved across repeats, so a busy spell of the machine hits every arm alike.
 """
 
