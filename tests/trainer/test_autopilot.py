@@ -221,8 +221,8 @@ def test_a_split_taken_for_a_small_slowdown_still_holds_when_it_grows():
     """On this box's noise (pilot_sim.BOX), the split the pilot takes when rank 3 turns 1.5x
     as slow is already as fast as any (within 2%) when it turns 2x as slow, in most runs: it
     left rank 3 what fits at the high end of its new cost, read from few figures (5,5,4,2).
-    Left what fits at the midpoint (5,4,4,3), it has to be answered again, 4-10 updates
-    later: 2 of these 24 runs were kept."""
+    Main's pilot left it what fits at the midpoint (5,4,4,3), which had to be answered again
+    4-10 updates later: it kept 2 of these 24 runs, this one 17."""
     phase = [
         pilot_sim.reaction(
             pilot_sim.fly(gradual, [4] * 4, 100, Autopilot(4, enabled=True), pilot_sim.BOX, seed),
