@@ -172,9 +172,9 @@ def unjustified(changes, factors_at, lag: int = 0) -> int:
 
 def kept(changes, start: list[int], factors_at, phase: range, lag: int = 0) -> bool:
     """Whether the split in place at a phase's first (logged) update was already within 2% of
-    the phase's best, so that there was nothing to answer: judged as the simulator judges
-    (pilot_sim.reaction), by the schedule on this box's model without noise (pilot_sim.BOX:
-    its fixed part and its time after the slowest rank)."""
+    the phase's best, so that there was nothing to answer: `pilot_sim.as_fast`, as the
+    simulator's `reaction` judges, by the schedule on this box's model without noise
+    (pilot_sim.BOX: its fixed part and its time after the slowest rank)."""
     split = start
     for step, _, new in changes:
         if step < phase.start:  # logged at its last update on the old split
@@ -183,9 +183,7 @@ def kept(changes, start: list[int], factors_at, phase: range, lag: int = 0) -> b
     def costs(t: int) -> list[float]:
         return factors_at(t - lag)
 
-    best = pilot_sim.best_split(costs, len(start), sum(start), phase, pilot_sim.BOX)
-    time = pilot_sim.expected(costs, split, phase, pilot_sim.BOX)
-    return time <= 1.02 * pilot_sim.expected(costs, best, phase, pilot_sim.BOX)
+    return pilot_sim.as_fast(costs, split, phase, pilot_sim.BOX)
 
 
 def unmeasured(changes, figures: dict, fixed_parts, window: int = 9) -> int:

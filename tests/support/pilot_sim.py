@@ -286,6 +286,13 @@ def ceiling(
     return total_s
 
 
+def as_fast(schedule: Schedule, split: Sequence[int], steps: range, noise: Noise) -> bool:
+    """Whether `split` is within 2% of the best split over `steps` (noise-free): a change of
+    costs it already fits leaves nothing to answer."""
+    best = best_split(schedule, len(split), sum(split), steps, noise)
+    return expected(schedule, split, steps, noise) <= 1.02 * expected(schedule, best, steps, noise)
+
+
 def reaction(
     out: Outcome,
     at: int,
@@ -296,10 +303,7 @@ def reaction(
     """Updates from a change of costs at `at` to the first update under a new split (None:
     never). Given the schedule, the phase's end and the noise: "kept" where the split in place
     was already within 2% of the phase's best (noise-free), so that there was nothing to do."""
-    if schedule is not None:
-        noise, steps, split = noise or Noise(), range(at, end), out.splits[at]
-        best = best_split(schedule, len(split), sum(split), steps, noise)
-        if expected(schedule, split, steps, noise) <= 1.02 * expected(schedule, best, steps, noise):
-            return "kept"
+    if schedule is not None and as_fast(schedule, out.splits[at], range(at, end), noise or Noise()):
+        return "kept"
     after = [t for t, _, _ in out.changes if t >= at]
     return after[0] - at if after else None
