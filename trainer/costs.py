@@ -20,11 +20,12 @@ Three things make the figures of one update a poor guide, each answered here:
   regime started by a shift is *confirmed* by the figures that come after the ones that
   showed it (most past halfway to the new level; as many as make the whole run as unlikely
   for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a shift read from the
-  median), or *undone* by two back at the old level: those were
-  spikes, and the old regime goes on with them. Until then a decision reads the rank at its
-  cost before (`standing`), and the autopilot waits for it or leaves its batch alone (or,
-  in a move due anyway, takes it at its new cost where its figures are unlikely spikes:
-  `spike_chance`).
+  median; a rank faster than it has been, alone, once its regime is `SPELL` figures long:
+  this box's fast spells come in runs, not one figure at a time), or *undone* by two back
+  at the old level: those were spikes, and the old regime goes on with them. Until then a
+  decision reads the rank at its cost before (`standing`), and the autopilot waits for it
+  or leaves its batch alone (or, in a move due anyway, takes it at its new cost where its
+  figures are unlikely spikes: `spike_chance`).
   The scatter a shift is judged by is one its own figures did not widen: its regime's
   without them, and for a young regime (a restart at a new batch, a shift) the scatter its
   rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
@@ -74,6 +75,16 @@ CONFIRM_ALPHA = 1e-6
 # Figures after a shift read from the median that must agree with it (at 2, the noisy
 # machine's equal ranks changed split in 1 of 24 such runs).
 CONFIRM_MEDIAN = 3
+# A rank that gets faster than it has been (a new best: from the lowest level it held for
+# CARRIED_N figures or more), with no other rank slower since about then, is confirmed only
+# once its new regime holds this many figures. On this box one rank of four now and then has
+# a core to itself and runs twice as fast for 4-10 updates: its fast figures in a row
+# (outliers as its record counts them, about 1 in 9, each taken as independent) confirmed
+# it in 5, and the 3 samples it was given came back 7-13 updates later (10 of 34 real runs
+# of 500 updates on equal ranks, sessions 12-24; spells of 8 figures or more: 3 in all).
+# A rank back at a level it held (a slowdown that ends), or faster as another turns slower
+# (a load that moved between machines: moving16), is confirmed as any shift.
+SPELL = 12
 
 
 @dataclass
@@ -84,6 +95,7 @@ class Shift:
     shown: int  # the figures that showed it (the regime's first)
     needed: int  # figures after them that must agree to confirm it
     confirmed: bool = False
+    new_best: bool = False  # faster than any level the rank held long (SPELL)
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,11 @@ class Costs:
         # noise does not start over with its batch or its speed, and a young regime's own
         # few figures cannot tell it (see `sigma`).
         self.carried: list[float | None] = [None] * world
+        # Each rank's lowest level (median relative log cost) in a regime of CARRIED_N figures
+        # or more, as read when it ended: a faster one is a new best (SPELL).
+        self.best: list[float | None] = [None] * world
+        # The update each rank's last confirmed slower shift began at (None: none yet)
+        self.slowed_at: list[int | None] = [None] * world
 
     @property
     def fixed(self) -> float:
@@ -180,11 +197,16 @@ class Costs:
             k, needed = self._new_shift(r)
             if k:
                 old = list(self.regimes[r])
+                best = self._new_best(r, old[-k:])
                 self._carry(r, old[:-k])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
-                self.shift[r] = Shift(old[:-k], k, needed)
+                self.shift[r] = Shift(old[:-k], k, needed, new_best=best)
                 moved.append(r)
+        for r in range(self.world):  # a new best, where another rank's slowdown was confirmed
+            shift = self.shift[r]
+            if shift is not None and shift.new_best and not shift.confirmed and shift.before:
+                self._confirm(r)
         self._forget()
         return moved
 
@@ -221,8 +243,10 @@ class Costs:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
         shift = self.shift[r]
         side, after, agree = self._after(r)
-        if _confirms(after, agree, shift.needed):
+        if _confirms(after, agree, self._needed(r)):
             shift.confirmed, shift.before = True, []
+            if side > 0:
+                self.slowed_at[r] = self.regimes[r][0]
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
                     self.record[r][u] = 0
@@ -255,7 +279,18 @@ class Costs:
         if shift is None:
             return False
         _, after, agree = self._after(r)
-        return _confirms(after + 1, agree + 1, shift.needed) or self.spike_chance(r, 1) <= alpha
+        return _confirms(after + 1, agree + 1, self._needed(r)) or self.spike_chance(r, 1) <= alpha
+
+    def _needed(self, r: int) -> int:
+        """The figures after those that showed rank r's young shift that must agree to
+        confirm it: for a new best alone, as many as make its regime SPELL figures long."""
+        shift, began = self.shift[r], self.regimes[r][0]
+        alone = not any(
+            at is not None and abs(at - began) <= SPELL
+            for q, at in enumerate(self.slowed_at)
+            if q != r
+        )
+        return max(shift.needed, SPELL - shift.shown) if shift.new_best and alone else shift.needed
 
     def spike_chance(self, r: int, ahead: int = 0) -> float:
         """The chance, by rank r's record, that its young shift is spikes: that the figures
@@ -306,9 +341,28 @@ class Costs:
             self.skip.add(r)
 
     def _carry(self, r: int, regime: list[int]) -> None:
-        """Keep the scatter of rank r's regime that ends (if it had figures enough)."""
+        """Keep the scatter and the level of rank r's regime that ends (if it had figures
+        enough)."""
         if len(regime) >= CARRIED_N:
-            self.carried[r] = _spread([self.values[u][r] for u in regime])
+            q = [self.values[u][r] for u in regime]
+            self.carried[r] = _spread(q)
+            level, best = statistics.median(q), self.best[r]
+            self.best[r] = level if best is None else min(best, level)
+
+    def _new_best(self, r: int, shown: list[int]) -> bool:
+        """Whether the figures that show rank r's shift put it faster than it has been: its
+        regime before them was at the lowest level it held long (within `min_shift`), and
+        they are faster. A rank that is slower than a level it held before is recovering
+        (read at other batches, the levels differ by the fixed part's misreading, 0.7x at 1
+        sample against 5 in session 22's transient16); one that held no level long yet is
+        settling (its first figures are a compile's)."""
+        level = statistics.median(self.values[u][r] for u in shown)
+        before = [self.values[u][r] for u in self.regimes[r] if u not in shown]
+        was = statistics.median(before)
+        lows = [
+            b for b in (self.best[r], was if len(before) >= CARRIED_N else None) if b is not None
+        ]
+        return level < was and bool(lows) and was <= min(lows) + self.min_shift
 
     def standing(self, r: int) -> Estimate | None:
         """Rank r's cost as a decision may take it: its regime's, or while a young shift

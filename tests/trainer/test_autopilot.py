@@ -17,7 +17,7 @@ from trainer import autopilot
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot, Decision, RankFigures, nearest, pooled, unjustified
 from trainer.config import ConfigError, TrainConfig
-from trainer.costs import Costs, Estimate
+from trainer.costs import SPELL, Costs, Estimate
 
 
 def simulate(costs, split, updates=200, noise=0.02, pilot=None, seed=0, change_at=None):
@@ -359,6 +359,18 @@ def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
     assert replayed(trace, Autopilot(4, enabled=True)) == trace["changes"] == []
 
 
+def test_on_real_figures_a_rank_twice_as_fast_for_a_spell_is_given_nothing():
+    """Four runs on equal ranks (tests/support/traces/equal_spells.json, sessions 16-24): in
+    each, one rank ran about twice as fast as its peers for 5-10 updates (it had a core of
+    the two to itself), its fast figures in a row were confirmed as a new speed, and it was
+    given 3 samples, taken back 7-13 updates later. Faster than it had ever been and alone
+    in moving, it waits for a spell's worth of figures (trainer/costs.py, SPELL), and the
+    spell is over first."""
+    for run in kept("equal_spells")["runs"]:
+        assert run["changes"], run["run"]  # what that run's pilot did on these figures
+        assert replayed(run, Autopilot(4, enabled=True)) == [], run["run"]
+
+
 def test_on_real_figures_a_slow_rank_left_one_sample_is_not_given_more_on_a_fit_from_elsewhere():
     """Session 19's gradual16 repeat 0 (tests/support/traces/gradual16_s19.json: rank 3
     slower and slower, 4 real ranks on the 2-core box, whose compute per sample falls with
@@ -562,6 +574,32 @@ def test_two_spikes_in_a_row_start_a_shift_that_the_figures_after_them_undo():
     steady_then(costs, lambda t: 1.0, 2, seed=2)  # two back at the old level: spikes
     assert costs.confirmed(2) and costs.n(2) == 20  # the old regime goes on, with them
     assert costs.estimate(2).cost == pytest.approx(1.0, rel=0.1)
+
+
+def confirmed_at(cost_of, updates: int, since: int) -> tuple[int | None, int | None]:
+    """Three ranks at batch 4 at the costs cost_of(t): the update at which rank 2's first
+    shift from `since` on was shown, and the one at which it was confirmed."""
+    rng, costs, shown, confirmed = random.Random(1), Costs(3), None, None
+    for t in range(updates):
+        moved = costs.add([4, 4, 4], [c * 4 * rng.uniform(0.9, 1.1) for c in cost_of(t)])
+        if 2 in moved and t >= since and shown is None:
+            shown = t
+        if shown is not None and confirmed is None and costs.confirmed(2):
+            confirmed = t
+    return shown, confirmed
+
+
+def test_a_rank_faster_than_it_has_been_is_confirmed_by_a_spell_s_worth_of_figures():
+    """Twice as fast from update 30, faster than any level it held: its two figures show
+    it at 31, and where the figures after them confirmed it at 34, the regime must hold
+    SPELL figures (this box's fast spells are shorter). Back at its level after a slowdown,
+    or faster while another rank's cost moves too (a load that moved between machines),
+    it is confirmed as any shift is."""
+    assert confirmed_at(lambda t: (1, 1, 0.5 if t >= 30 else 1), 60, 30) == (31, 30 + SPELL - 1)
+    recovered = confirmed_at(lambda t: (1, 1, 3 if 30 <= t < 60 else 1), 80, 60)
+    assert recovered == (61, 63)
+    moving = confirmed_at(lambda t: (1, 3, 0.5) if t >= 30 else (1, 1, 1), 60, 30)
+    assert moving == (31, 34)
 
 
 def test_while_a_shift_awaits_confirmation_a_decision_takes_the_cost_before_it():
