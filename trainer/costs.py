@@ -142,7 +142,8 @@ class Costs:
         # Each rank's lowest level (median relative log cost) in a regime of CARRIED_N figures
         # or more, as read when it ended: a faster one is a new best (SPELL).
         self.best: list[float | None] = [None] * world
-        # The update each rank's last confirmed slower shift began at (None: none yet)
+        # The update at which each rank last turned slower than any level it held long began
+        # (None: none yet)
         self.slowed_at: list[int | None] = [None] * world
 
     @property
@@ -245,8 +246,9 @@ class Costs:
         side, after, agree = self._after(r)
         if _confirms(after, agree, self._needed(r)):
             shift.confirmed, shift.before = True, []
-            if side > 0:
-                self.slowed_at[r] = self.regimes[r][0]
+            best = self.best[r]
+            if side > 0 and (best is None or self._level(r) > best + self.min_shift):
+                self.slowed_at[r] = self.regimes[r][0]  # slower than it has been long
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
                     self.record[r][u] = 0
@@ -286,7 +288,7 @@ class Costs:
         confirm it: for a new best alone, as many as make its regime SPELL figures long."""
         shift, began = self.shift[r], self.regimes[r][0]
         alone = not any(
-            at is not None and abs(at - began) <= SPELL
+            at is not None and abs(at - began) <= self.recent
             for q, at in enumerate(self.slowed_at)
             if q != r
         )
@@ -317,6 +319,10 @@ class Costs:
         held |= {u for shift in self.shift if shift is not None for u in shift.before}
         for u in [u for u in self.figures if u not in held and u < self.updates - 1]:
             del self.figures[u], self.values[u]
+
+    def _level(self, r: int) -> float:
+        """Rank r's level: its regime's median relative log cost."""
+        return statistics.median(self._regime(r))
 
     def _regime(self, r: int) -> list[float]:
         return [self.values[u][r] for u in self.regimes[r]]
