@@ -1,5 +1,5 @@
 """Two checkouts' autopilots on real local ranks, interleaved, in benchmarks/autopilot.py's
-scenarios (default `moving16`).
+scenarios (default `moving16`), and its equal ranks (`equal`: none slowed, 500 updates).
 
     git worktree add /tmp/old <commit>
     python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 2
@@ -24,10 +24,13 @@ from pathlib import Path
 
 from autopilot import FROM, MODEL, SCENARIOS, schedule, unjustified
 
+# as benchmarks/autopilot.py runs its equal ranks: a schedule that slows no rank
+RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500)}
+
 
 def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
     """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
-    slow, total, updates = SCENARIOS[scenario]
+    slow, total, updates = RUNS[scenario]
     split = ",".join([str(total // 4)] * 4)
     code = f"""
 import json, sys, time
@@ -59,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trees", nargs=2, required=True, help="two checkouts to compare")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--scenarios", default="moving16", help=f"of {', '.join(SCENARIOS)}")
+    p.add_argument("--scenarios", default="moving16", help=f"of {', '.join(RUNS)}")
     a = p.parse_args(argv)
     scenarios = a.scenarios.split(",")
-    if set(scenarios) - set(SCENARIOS):
-        p.error(f"--scenarios: unknown {sorted(set(scenarios) - set(SCENARIOS))}")
+    if set(scenarios) - set(RUNS):
+        p.error(f"--scenarios: unknown {sorted(set(scenarios) - set(RUNS))}")
     trees = [Path(t).resolve() for t in a.trees]
     tmp = Path(tempfile.mkdtemp(prefix="fleet-pilot-ab-"))
     data = tmp / "data"
