@@ -76,12 +76,13 @@ CONFIRM_ALPHA = 1e-6
 # machine's equal ranks changed split in 1 of 24 such runs).
 CONFIRM_MEDIAN = 3
 # A rank that gets faster than it has been (a new best: from the lowest level it held for
-# CARRIED_N figures or more), with no other rank slower since about then, is confirmed only
-# once its new regime holds this many figures. On this box one rank of four now and then has
-# a core to itself and runs twice as fast for 4-10 updates: its fast figures in a row
-# (outliers as its record counts them, about 1 in 9, each taken as independent) confirmed
-# it in 5, and the 3 samples it was given came back 7-13 updates later (10 of 34 real runs
-# of 500 updates on equal ranks, sessions 12-24; spells of 8 figures or more: 3 in all).
+# CARRIED_N figures or more), where no other rank turned slower than it has been within
+# `recent` updates of it, is confirmed only once its new regime holds this many figures. On
+# this box one rank of four now and then has a core to itself and runs twice as fast for
+# 4-10 updates: its fast figures in a row (outliers as its record counts them, 1 in 9 to 20,
+# each taken as independent) confirmed it 3-9 updates in, and the 3 samples it was given
+# came back 6-13 updates later (8 of 33 real runs of 500 updates on equal ranks, sessions
+# 12-24; spells of 8 figures or more: 3).
 # A rank back at a level it held (a slowdown that ends), or faster as another turns slower
 # (a load that moved between machines: moving16), is confirmed as any shift.
 SPELL = 12
@@ -142,8 +143,8 @@ class Costs:
         # Each rank's lowest level (median relative log cost) in a regime of CARRIED_N figures
         # or more, as read when it ended: a faster one is a new best (SPELL).
         self.best: list[float | None] = [None] * world
-        # The update at which each rank last turned slower than any level it held long began
-        # (None: none yet)
+        # Where each rank's last confirmed shift to slower than any level it held long began
+        # (an update number; None: none yet)
         self.slowed_at: list[int | None] = [None] * world
 
     @property
@@ -204,7 +205,9 @@ class Costs:
                 self.regimes[r].extend(old[-k:])
                 self.shift[r] = Shift(old[:-k], k, needed, new_best=best)
                 moved.append(r)
-        for r in range(self.world):  # a new best, where another rank's slowdown was confirmed
+        # a new best is read at once where another rank's slowdown was confirmed by this
+        # update's figures (the loop above confirms ranks in rank order)
+        for r in range(self.world):
             shift = self.shift[r]
             if shift is not None and shift.new_best and not shift.confirmed and shift.before:
                 self._confirm(r)

@@ -361,7 +361,7 @@ def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
 
 def test_on_real_figures_a_rank_twice_as_fast_for_a_spell_is_given_nothing():
     """Four runs on equal ranks (tests/support/traces/equal_spells.json, sessions 16-24): in
-    each, one rank ran about twice as fast as its peers for 5-10 updates (it had a core of
+    each, one rank ran about twice as fast as its peers for 4-10 updates (it had a core of
     the two to itself), its fast figures in a row were confirmed as a new speed, and it was
     given 3 samples, taken back 7-13 updates later. Faster than it had ever been and alone
     in moving, it waits for a spell's worth of figures (trainer/costs.py, SPELL), and the
@@ -593,8 +593,8 @@ def test_a_rank_faster_than_it_has_been_is_confirmed_by_a_spell_s_worth_of_figur
     """Twice as fast from update 30, faster than any level it held: its two figures show
     it at 31, and where the figures after them confirmed it at 34, the regime must hold
     SPELL figures (this box's fast spells are shorter). Back at its level after a slowdown,
-    or faster while another rank's cost moves too (a load that moved between machines),
-    it is confirmed as any shift is."""
+    or faster as another rank turns slower than it has been (a load that moved between
+    machines), it is confirmed as any shift is."""
     assert confirmed_at(lambda t: (1, 1, 0.5 if t >= 30 else 1), 60, 30) == (31, 30 + SPELL - 1)
     recovered = confirmed_at(lambda t: (1, 1, 3 if 30 <= t < 60 else 1), 80, 60)
     assert recovered == (61, 63)
