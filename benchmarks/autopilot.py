@@ -445,6 +445,7 @@ def main() -> int:
                 ("quiet", pilot_sim.QUIET),
                 ("noisy", pilot_sim.Noise()),
                 ("box", pilot_sim.BOX),  # measured on this box (pilot_sim.py says how)
+                ("spells", pilot_sim.SPELLS),  # the same, with its fast spells
                 ("curved", pilot_sim.CURVED),  # the same, its compute batch by batch
                 ("six", pilot_sim.SIX),  # the same, with a fixed part of 6 samples
             )

@@ -42,6 +42,16 @@ class Noise:
     # A compute that is not a straight line in the batch: samples' worth at batch 1, 2, ...
     # (one more a sample beyond the last), in place of fixed_samples + batch; () for none.
     curve: tuple[float, ...] = ()
+    # Fast spells: the chance per rank-update that a rank starts one (SPELL_MIN figures or
+    # more, each further one with SPELL_ON; SPELL_FAST of its figures about twice as fast).
+    spells: float = 0.0
+
+
+SPELL_MIN, SPELL_MAX = 4, 10  # a spell's figures, fewest and most
+SPELL_ON = 0.4  # the chance that a spell of n >= SPELL_MIN figures goes on to n + 1 (this
+# box's: 0.3-0.44 from 4 figures to 8)
+SPELL_FAST = 0.8  # the share of a spell's figures that are fast
+SPELL_RANGE = (0.45, 0.6)  # a fast figure's multiplier in a spell (about twice as fast)
 
 
 # Each rank on a core of its own (benchmarks/autopilot.py --cores on a 16-core host): little
@@ -68,6 +78,11 @@ BOX = Noise(
     overhead=2.3,
     recompile=0.13,
 )
+# The same box with its fast spells: a rank with a core of the two to itself for 4-10
+# updates, about one such run of 4 fast figures or more in 370 rank-updates (150 in the
+# kept equal-rank runs of sessions 12-24, about 55,000 rank-updates; 4 figures long: 88, 5:
+# 35, 6: 17, 7: 7, 8: 2, 10: 1; benchmarks/results/2026-12-05-s25/spells.py.txt).
+SPELLS = dataclasses.replace(BOX, spells=1 / 370)
 # The same box with its compute as measured batch by batch (session 17's fixed arms, each
 # rank's median compute over a phase by its batch: 0.0255 s at 1, 0.0567 at 2, ... 0.149 at
 # 8; benchmarks/results/2026-12-04-s17/fixed_part_fit.py.txt), in samples of the line's
@@ -94,7 +109,7 @@ class Outcome:
 
 
 def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]]:
-    """Each update's multiplier of each rank's compute (load, scatter, spikes)."""
+    """Each update's multiplier of each rank's compute (load, scatter, spikes, spells)."""
     rng = random.Random(seed)
     out = []
     for _ in range(updates):
@@ -104,6 +119,21 @@ def draws(world: int, updates: int, noise: Noise, seed: int) -> list[list[float]
             spike = rng.uniform(*noise.spike_range) if rng.random() < noise.spikes else 1.0
             row.append(shared * math.exp(rng.gauss(0, noise.own)) * spike)
         out.append(row)
+    if noise.spells:  # drawn apart, so that a profile without them draws as before
+        spell = random.Random(f"{seed}-spells")
+        for r in range(world):
+            t = 0
+            while t < updates:
+                if spell.random() >= noise.spells:
+                    t += 1
+                    continue
+                n = SPELL_MIN
+                while n < SPELL_MAX and spell.random() < SPELL_ON:
+                    n += 1
+                for u in range(t, min(t + n, updates)):
+                    if spell.random() < SPELL_FAST:
+                        out[u][r] *= spell.uniform(*SPELL_RANGE)
+                t += n
     return out
 
 
