@@ -199,8 +199,8 @@ class Costs:
             k, needed = self._new_shift(r)
             if k:
                 old = list(self.regimes[r])
-                best = self._new_best(r, old[-k:])
                 self._carry(r, old[:-k])
+                best = self._new_best(r, old[:-k], old[-k:])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
                 self.shift[r] = Shift(old[:-k], k, needed, new_best=best)
@@ -358,20 +358,16 @@ class Costs:
             level, best = statistics.median(q), self.best[r]
             self.best[r] = level if best is None else min(best, level)
 
-    def _new_best(self, r: int, shown: list[int]) -> bool:
-        """Whether the figures that show rank r's shift put it faster than it has been: its
-        regime before them was at the lowest level it held long (within `min_shift`), and
-        they are faster. A rank that is slower than a level it held before is recovering
-        (read at other batches, the levels differ by the fixed part's misreading, 0.7x at 1
-        sample against 5 in session 22's transient16); one that held no level long yet is
-        settling (its first figures are a compile's)."""
+    def _new_best(self, r: int, before: list[int], shown: list[int]) -> bool:
+        """Whether the figures `shown` (updates) put rank r faster than it has been: the
+        regime `before` them was at the lowest level it held long (within `min_shift`; that
+        regime carried already), and they are faster. A rank that is slower than a level it
+        held before is recovering (read at other batches, the levels differ by the fixed
+        part's misreading, 0.7x at 1 sample against 5 in session 22's transient16); one that
+        held no level long yet is settling (its first figures are a compile's)."""
         level = statistics.median(self.values[u][r] for u in shown)
-        before = [self.values[u][r] for u in self.regimes[r] if u not in shown]
-        was = statistics.median(before)
-        lows = [
-            b for b in (self.best[r], was if len(before) >= CARRIED_N else None) if b is not None
-        ]
-        return level < was and bool(lows) and was <= min(lows) + self.min_shift
+        was, best = statistics.median(self.values[u][r] for u in before), self.best[r]
+        return best is not None and level < was <= best + self.min_shift
 
     def standing(self, r: int) -> Estimate | None:
         """Rank r's cost as a decision may take it: its regime's, or while a young shift
