@@ -29,6 +29,8 @@ Three things make the figures of one update a poor guide, each answered here:
   The scatter a shift is judged by is one its own figures did not widen: its regime's
   without them, and for a young regime (a restart at a new batch, a shift) the scatter its
   rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
+  The level it is judged against leaves out the figures that showed the shift its regime
+  began with: they were picked for being far out.
 
 A rank's compute is read as its cost x (fixed + batch), `fixed` being the part that does not
 grow with its batch (trainer/fixed_part.py reads it; 0 until it has; a rank is read at
@@ -97,6 +99,7 @@ class Shift:
     needed: int  # figures after them that must agree to confirm it
     confirmed: bool = False
     new_best: bool = False  # faster than any level the rank held long (SPELL)
+    picked: tuple[int, ...] = ()  # the updates of the figures that showed it
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ class Costs:
                 best = self._new_best(r, old[:-k], old[-k:])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
-                self.shift[r] = Shift(old[:-k], k, needed, new_best=best)
+                self.shift[r] = Shift(old[:-k], k, needed, new_best=best, picked=tuple(old[-k:]))
                 moved.append(r)
         # a new best is read at once where another rank's slowdown was confirmed by this
         # update's figures (the loop above confirms ranks in rank order)
@@ -414,18 +417,27 @@ class Costs:
         q = self._regime(r)
         if not self.confirmed(r):
             return 0, 0  # a young shift is confirmed or undone first
+        # The figures that showed the shift a regime began with were picked for being far
+        # out: no level to judge the next shift by (session 25's transient16 repeat 2: rank 1
+        # back at 1 sample read 0.54x and 0.45x, then 1.0x; its next figures, at 1.0x, read as
+        # a slowdown against those two, and its recovery waited 8 updates more).
+        shift = self.shift[r]
+        picked = set(shift.picked) if shift is not None else set()
+        judged = [u not in picked for u in self.regimes[r]]
         for k in range(self.fast, self.recent):  # a run of outliers, each out on one side
-            if len(q) < k + 3:
+            ref = [x for x, j in zip(q[:-k], judged[:-k], strict=True) if j]
+            if len(ref) < 3:
                 break
-            mid, bar = statistics.median(q[:-k]), self._bar(r, but=k)
+            mid, bar = statistics.median(ref), self._bar(r, but=k)
             for side in (1, -1):
                 share = self._share(r, side, but=k)
                 if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
                     # as many as make the whole run as unlikely for its spikes
                     return k, max(1, math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k)
-        if len(q) < self.recent + 3:
+        ref = [x for x, j in zip(q[: -self.recent], judged[: -self.recent], strict=True) if j]
+        new = q[-self.recent :]
+        if len(ref) < 3:
             return 0, 0
-        ref, new = q[: -self.recent], q[-self.recent :]
         mid = statistics.median(ref)
         delta = statistics.median(new) - mid
         sigma = self.sigma(r, but=self.recent)

@@ -407,6 +407,32 @@ def test_on_real_figures_a_slow_rank_left_one_sample_is_not_given_more_on_a_fit_
     assert first[2][3] <= 2, moves
 
 
+def test_on_real_figures_a_rank_read_from_a_scatter_that_agrees_with_anything_is_given_nothing():
+    """gradual16 on the 2-core box (tests/support/traces/gradual16_backmoves.json, sessions 24
+    and 25): rank 3, 1.5x as slow, was left 3 (or 2) samples, and at that batch read 0.5x to
+    1.6x its peers a figure (it sleeps for half its compute, and then has a core to itself):
+    1.05 +- 0.28 after 8 figures. Pooled with its peers, whose cost it agreed with within
+    that noise, it was given its sample back, and at 4 read 1.5x again. The gain must clear
+    the noise of every rank that may end slowest, its own too: the move back is not made."""
+    for run in kept("gradual16_backmoves")["runs"]:
+        assert len(run["changes"]) == 2, run["run"]  # the move, and the move back
+        assert replayed(run, Autopilot(4, enabled=True)) == run["changes"][:1], run["run"]
+
+
+def test_on_real_figures_a_recovery_is_answered_though_its_first_figures_overshot():
+    """Session 25's transient16 repeat 2 (tests/support/traces/transient16_s25.json): rank 1,
+    three times as slow from 30 and left 1 sample, is itself again from 60. Its first two
+    figures read 0.54x and 0.45x its peers, the next ones about 1x. Once confirmed, those
+    two were the level its next figures were judged by: they read as a slowdown (shown at
+    64, undone at 66), and the samples went back at 72. The figures that show a shift are
+    picked for being far out and judge no later one: back by 65."""
+    trace = kept("transient16_s25")
+    moves = replayed(trace, Autopilot(4, enabled=True))
+    assert moves[0] == trace["changes"][0] == [33, [4, 4, 4, 4], [5, 1, 5, 5]]
+    assert trace["changes"][1][0] == 72
+    assert moves[1][1:] == [[5, 1, 5, 5], [4, 4, 4, 4]] and moves[1][0] <= 65, moves
+
+
 def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
     """Every run's first boundary (and a resumed run's) comes before any update: its figures
     are zeros. The fixed-part reader took it for the update that recompiles at the first
@@ -612,6 +638,17 @@ def test_a_rank_faster_than_it_has_been_is_confirmed_by_a_spell_s_worth_of_figur
     assert recovered == (61, 63)
     moving = confirmed_at(lambda t: (1, 3, 0.5) if t >= 30 else (1, 1, 1), 60, 30)
     assert moving == (31, 34)
+
+
+def test_the_figures_that_showed_a_shift_judge_no_later_one():
+    """Rank 2 three times as slow from 20 to 49, then itself again, its first two figures
+    back 2.5 times faster still (0.4x). Confirmed, its regime begins with those two: judged
+    against them, its next figures at 1x read as a slowdown (shown at 54, main's reading).
+    They were picked for being far out, so they are no level for the next shift."""
+    costs = Costs(3)
+    moved = steady_then(costs, lambda t: 3.0 if 20 <= t < 50 else (0.4 if t < 52 else 1.0), 70)
+    assert moved == [21, 51] and costs.confirmed(2), moved
+    assert costs.estimate(2).cost == pytest.approx(1.0, rel=0.15)
 
 
 def test_while_a_shift_awaits_confirmation_a_decision_takes_the_cost_before_it():
