@@ -340,7 +340,13 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    """The median, the least and the most of `values`, and each (in repeat order)."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "each": values,
+    }
 
 
 def plan(only, plan_fixed, lag: int = 0) -> dict:
@@ -596,8 +602,7 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
             continue
 
         def spread(key: str, rows=rows) -> dict:
-            values = [r[key] for r in rows]
-            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            return _spread([r[key] for r in rows])
 
         summary[name] = {
             "schedule": slow,

@@ -362,9 +362,9 @@ class Autopilot:
         if gain < self.min_gain * (2 if calm else 1):
             return split, gain, "too little to gain"
         # The gain must be more than the noise of the slowest rank now and of every rank that
-        # may end slowest (the first of those tied, pooled, was read: gradual16 on this box
-        # gave the 1.5x rank, read at 3 samples from a scatter that agreed with anything,
-        # 1.05 +- 0.28, its sample back at once, pooled with its peers and one of them read).
+        # may end slowest. Ranks pooled as one cost tie there, and one read from a scatter
+        # that agrees with anything counts too: gradual16 on this box gave the 1.5x rank, read
+        # at 3 samples as 1.05 +- 0.28, its sample back at once, and at 4 it read 1.5x again.
         a = max(range(self.world), key=lambda r: before[r])
         if any(
             c != a and math.log(before[a] / after[c]) < Z_GAIN * math.hypot(est[a].se, est[c].se)
