@@ -95,11 +95,15 @@ class Shift:
     """How a rank's regime began: with figures far out of the one before (a shift)."""
 
     before: list[int]  # the old regime's updates, until the shift is confirmed or undone
-    shown: int  # the figures that showed it (the regime's first)
+    picked: tuple[int, ...]  # the updates of the figures that showed it (the regime's first)
     needed: int  # figures after them that must agree to confirm it
     confirmed: bool = False
     new_best: bool = False  # faster than any level the rank held long (SPELL)
-    picked: tuple[int, ...] = ()  # the updates of the figures that showed it
+
+    @property
+    def shown(self) -> int:
+        """How many figures showed it."""
+        return len(self.picked)
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,7 @@ class Costs:
                 best = self._new_best(r, old[:-k], old[-k:])
                 self.regimes[r].clear()
                 self.regimes[r].extend(old[-k:])
-                self.shift[r] = Shift(old[:-k], k, needed, new_best=best, picked=tuple(old[-k:]))
+                self.shift[r] = Shift(old[:-k], tuple(old[-k:]), needed, new_best=best)
                 moved.append(r)
         # a new best is read at once where another rank's slowdown was confirmed by this
         # update's figures (the loop above confirms ranks in rank order)
@@ -424,8 +428,12 @@ class Costs:
         shift = self.shift[r]
         picked = set(shift.picked) if shift is not None else set()
         judged = [u not in picked for u in self.regimes[r]]
+
+        def reference(newest: int) -> list[float]:  # the regime but its newest, unpicked
+            return [x for x, j in zip(q[:-newest], judged[:-newest], strict=True) if j]
+
         for k in range(self.fast, self.recent):  # a run of outliers, each out on one side
-            ref = [x for x, j in zip(q[:-k], judged[:-k], strict=True) if j]
+            ref = reference(k)
             if len(ref) < 3:
                 break
             mid, bar = statistics.median(ref), self._bar(r, but=k)
@@ -434,8 +442,7 @@ class Costs:
                 if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
                     # as many as make the whole run as unlikely for its spikes
                     return k, max(1, math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k)
-        ref = [x for x, j in zip(q[: -self.recent], judged[: -self.recent], strict=True) if j]
-        new = q[-self.recent :]
+        ref, new = reference(self.recent), q[-self.recent :]
         if len(ref) < 3:
             return 0, 0
         mid = statistics.median(ref)
