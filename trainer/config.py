@@ -224,7 +224,7 @@ class TrainConfig:
         "rank 0 rebalances by itself when the balancer's predicted gain holds, and moves "
         "samples off a rank under memory pressure (same global batch: same math)",
     )
-    autopilot_min_gain: float = _f(0.05, "smallest predicted gain the autopilot acts on")
+    autopilot_min_gain: float = _f(0.03, "smallest predicted gain the autopilot acts on")
     autopilot_window: int = _f(
         10,
         "recent updates the memory guard reads; a rank's cost per sample is read from up to "

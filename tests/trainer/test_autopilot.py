@@ -274,10 +274,11 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
     at most at the least the figures allowed, and gave 12 of these 24 seeds their samples
     back; session 19, the fit at any batch, 23; session 21, 19; session 22, slowdowns
     confirmed a figure sooner, 17). The move back gains 9% of the compute here (11 -> 10
-    samples' worth), near the pilot's 5% once the fit is read low or the ranks' parts
-    differ, so the count swings with the fit. One seed (4) reads a fixed part of 19 from a
-    move made with 3 updates before it, and gives the recovered rank 5 samples to its
-    peers' 3, a move the true costs do not justify (undone 20 updates later)."""
+    samples' worth), and was read under the pilot's least gain of 5% while the fit was young
+    or the ranks' parts differed: 17 of 24 until session 27, whose least gain of 3% gives
+    all 24 their samples back. A fit misread from a move made with 3 updates before it (19
+    samples: a rank given 5 samples to its peers' 3, a move the true costs do not justify)
+    may still happen once."""
     back, readings, unjustified_runs = {}, [], []
     for fixed, seeds in ((0.0, 6), (None, 24)):
         back[fixed] = []
@@ -290,7 +291,7 @@ def test_the_pilot_reads_the_fixed_part_and_sees_a_rank_recover():
             if fixed is None:
                 readings.append(pilot.fixed_part.reading())
     assert len(unjustified_runs) <= 1, unjustified_runs
-    assert sum(b >= 3 for b in back[None]) >= 16 and max(back[0.0]) == 1, back
+    assert sum(b >= 3 for b in back[None]) >= 22 and max(back[0.0]) == 1, back
     assert sum(r is not None and r.least <= 6.0 <= r.most for r in readings) >= 16, readings
 
 
