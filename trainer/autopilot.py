@@ -58,6 +58,11 @@ Z_GAIN = 1.0  # standard errors the predicted gain itself must clear
 Z_ROOM = 3.0  # standard errors over its cost at which a giving rank is left what fits
 POOL_MAX = math.log(1.3)  # ranks further apart than 30% are never pooled, however noisy
 TIE = 0.02  # splits predicted within this fraction of the fastest count as fast as it
+# The least gain of a move within `cooldown` updates of a change that no rank's new cost calls
+# for. At 6% (twice a `min_gain` of 3%), session 27's real runs moved twice between ranks
+# equal by the schedule (moving16) and gave a 3x rank, read 1.9x at 1 sample (its sleep
+# frees a core), a sample back (gradual16); at 10% none of the three.
+CALM_GAIN = 0.10
 # A move made for a rank's confirmed new speed takes a rank whose new speed awaits
 # confirmation at that speed when its figures are spikes with a chance under this (on this
 # box, whose fast spikes are one figure in nine: four fast figures in a row, none since back)
@@ -362,9 +367,10 @@ class Autopilot:
         after = [c * (f + b) for c, f, b in zip(costs, fixed, new, strict=True)]
         gain = 1 - max(after) / max(before)
         # Within `cooldown` updates of a change (and no rank's cost moved since), only a
-        # gain twice as large: small corrections wait, so noise cannot swing the split.
+        # gain of CALM_GAIN (or twice `min_gain`): small corrections wait, so noise cannot
+        # swing the split.
         calm = self.since_change < self.cooldown and not self._news()
-        if gain < self.min_gain * (2 if calm else 1):
+        if gain < (max(2 * self.min_gain, CALM_GAIN) if calm else self.min_gain):
             return split, gain, "too little to gain"
         # The gain must be more than the noise of the slowest rank now and of every rank that
         # may end slowest. Ranks pooled as one cost tie there, and one read from a scatter

@@ -420,6 +420,20 @@ def test_on_real_figures_a_rank_read_from_a_scatter_that_agrees_with_anything_is
         assert replayed(run, Autopilot(4, enabled=True)) == run["changes"][:1], run["run"]
 
 
+def test_on_real_figures_a_move_no_new_cost_calls_for_waits_out_the_cooldown():
+    """tests/support/traces/calm_moves_s27.json: a pilot whose least gain was 3%, and twice
+    that within the cooldown, moved samples between ranks equal by the schedule (moving16,
+    twice) and gave a 3x rank read cheap at 1 sample a sample back (gradual16), each within
+    20 updates of its last change, at a predicted 6-10%, with no rank's cost moved since.
+    Such a move needs CALM_GAIN (10%): none of the three is made, the moves before them are."""
+    for run in kept("calm_moves_s27")["runs"]:
+        calm = run["calm"]
+        assert not run["changes"] or calm[0] - run["changes"][-1][0] < 20, run["run"]
+        for least in (None, 0.03):  # the default, and a least gain the calm bar must outlast
+            pilot = Autopilot(4, enabled=True, **({"min_gain": least} if least else {}))
+            assert replayed(run, pilot) == run["changes"], (run["run"], least)
+
+
 def test_on_real_figures_a_recovery_is_answered_though_its_first_figures_overshot():
     """Session 25's transient16 repeat 2 (tests/support/traces/transient16_s25.json): rank 1,
     three times as slow from 30 and left 1 sample, is itself again from 60. Its first two
