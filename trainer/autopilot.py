@@ -15,8 +15,9 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   when every sample goes from a rank clearly slower than where it lands (under that fixed
   part and the most the figures allow), the gain is at least `min_gain` and beyond what the
   noise explains, and the same split was proposed at two boundaries in a row (at one, where
-  a rank's confirmed new cost is the reason: its own figures held it already). After a
-  change it waits `cooldown` updates, unless a rank's cost moved since (a new regime): a
+  a rank's confirmed new cost is the reason: its own figures held it already). Within
+  `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
+  since (a new regime): a
   change far beyond the noise is then followed 4-5 updates after it began (2 figures show
   it, as many confirm it; the next update runs the new split), one nearer the noise within
   about `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only

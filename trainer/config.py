@@ -224,7 +224,11 @@ class TrainConfig:
         "rank 0 rebalances by itself when the balancer's predicted gain holds, and moves "
         "samples off a rank under memory pressure (same global batch: same math)",
     )
-    autopilot_min_gain: float = _f(0.03, "smallest predicted gain the autopilot acts on")
+    autopilot_min_gain: float = _f(
+        0.03,
+        "smallest predicted gain the autopilot acts on (within --autopilot-cooldown of a "
+        "move, more: see there)",
+    )
     autopilot_window: int = _f(
         10,
         "recent updates the memory guard reads; a rank's cost per sample is read from up to "
@@ -232,8 +236,8 @@ class TrainConfig:
     )
     autopilot_cooldown: int = _f(
         20,
-        "updates after a change in which the autopilot moves samples again only for twice "
-        "--autopilot-min-gain, unless a rank's speed changed since",
+        "updates after a change in which the autopilot moves samples again only for a "
+        "predicted 10%% (or twice --autopilot-min-gain), unless a rank's speed changed since",
     )
     on_memory_pressure: str = _f(
         "warn",
