@@ -17,15 +17,14 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   noise explains, and the same split was proposed at two boundaries in a row (at one, where
   a rank's confirmed new cost is the reason: its own figures held it already). Within
   `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
-  since (a new regime): a
-  change far beyond the noise is then followed 4-5 updates after it began (2 figures show
-  it, as many confirm it; the next update runs the new split), one nearer the noise within
-  about `Costs.recent` + 4. A rank whose new speed awaits confirmation holds up a move only
-  if it may be slower (it could make the move moot); one that may be faster keeps its batch
-  and the others move without it, unless the move answers another rank's confirmed new
-  speed, its own figures are unlikely spikes, and the move beats staying even if they were:
-  then it is taken at its new speed. The global batch never changes, so neither does the
-  math.
+  since (a new regime): a change far beyond the noise is then followed 4-5 updates after it
+  began (2 figures show it, as many confirm it; the next update runs the new split), one
+  nearer the noise within about `Costs.recent` + 4. A rank whose new speed awaits
+  confirmation holds up a move only if it may be slower (it could make the move moot); one
+  that may be faster keeps its batch and the others move without it, unless the move
+  answers another rank's confirmed new speed, its own figures are unlikely spikes, and the
+  move beats staying even if they were: then it is taken at its new speed. The global batch
+  never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.

@@ -226,8 +226,8 @@ class TrainConfig:
     )
     autopilot_min_gain: float = _f(
         0.03,
-        "smallest predicted gain the autopilot acts on (within --autopilot-cooldown of a "
-        "move, more: see there)",
+        "smallest predicted gain the autopilot acts on (more within --autopilot-cooldown "
+        "of a move)",
     )
     autopilot_window: int = _f(
         10,
