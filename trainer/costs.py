@@ -19,9 +19,11 @@ Three things make the figures of one update a poor guide, each answered here:
   under `FAST_ALPHA`; on the slow side shrunk toward all ranks' records, `POOL_N`). A
   regime started by a shift is *confirmed* by the figures that come after the ones that
   showed it (most past halfway to the new level; as many as make the whole run as unlikely
-  for its spikes as `CONFIRM_ALPHA`, or `CONFIRM_MEDIAN` after a shift read from the
-  median; a rank faster than it has been, alone, once its regime is `SPELL` figures long:
-  this box's fast spells come in runs, not one figure at a time), or *undone* by two back
+  for its spikes as `CONFIRM_ALPHA`, or, each figure's chance read by how far out it is, as
+  `SIZE_ALPHA`: a 3x slowdown is none of a box's 1.5x spikes; `CONFIRM_MEDIAN` after a
+  shift read from the median; a rank faster than it has been, alone, once its regime is
+  `SPELL` figures long: this box's fast spells come in runs, not one figure at a time),
+  or *undone* by two back
   at the old level: those were spikes, and the old regime goes on with them. Until then a
   decision reads the rank at its cost before (`standing`), and the autopilot waits for it
   or leaves its batch alone (or, in a move due anyway, takes it at its new cost where its
@@ -74,6 +76,13 @@ POOL_FROM = 20
 # 10^-5 a noisy machine's spikes, tests/support/pilot_sim.Noise, moved samples between equal
 # ranks in 2 of 24 simulated runs of 500 updates).
 CONFIRM_ALPHA = 1e-6
+# ...or, each figure's chance read from the share of figures at least as far out, under
+# this: a far tail read from a few hundred figures is often read low (tests/support/
+# pilot_sim.Noise's spikes, 2-6x in one figure of 20: equal ranks changed split in 8 of 200
+# runs of 500 updates at CONFIRM_ALPHA, 6 at this, 5 without the size read; a real 3x
+# slowdown is confirmed by 1 figure after the 2 that showed it at CONFIRM_ALPHA, 2 at this,
+# 3 without).
+SIZE_ALPHA = 1e-7
 # Figures after a shift read from the median that must agree with it (at 2, the noisy
 # machine's equal ranks changed split in 1 of 24 such runs).
 CONFIRM_MEDIAN = 3
@@ -139,9 +148,9 @@ class Costs:
         self._fixed = 0.0
         self._floor = math.inf
         self.shift: list[Shift | None] = [None] * world  # None: a regime begun otherwise
-        # Each rank's record: update -> +1 / -1 for a figure out of its regime above / below,
-        # else 0; the figures of a confirmed shift are not spikes and count as 0
-        self.record: list[dict[int, int]] = [{} for _ in range(world)]
+        # Each rank's record: update -> how far a figure out of its regime was (log units,
+        # + above, - below), else 0; the figures of a confirmed shift are not spikes: 0
+        self.record: list[dict[int, float]] = [{} for _ in range(world)]
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
         # Each rank's scatter in its last regime of CARRIED_N figures or more: a rank's
         # noise does not start over with its batch or its speed, and a young regime's own
@@ -233,22 +242,29 @@ class Costs:
             return
         off, bar = q[-1] - statistics.median(q[:-1]), self._bar(r)
         record = self.record[r]
-        record[self.regimes[r][-1]] = 1 if off > bar else -1 if off < -bar else 0
+        record[self.regimes[r][-1]] = off if abs(off) > bar else 0.0
         if len(record) > RECORD:
             del record[min(record)]
 
-    def _share(self, r: int, side: int, but: int = 0) -> float:
+    def _share(self, r: int, side: int, but: int = 0, size: float = 0.0) -> float:
         """The share of rank r's figures out of their regime on `side` (+1 above, -1
-        below), with one more assumed, leaving out its newest `but` figures (the run being
-        judged): what its record says of a figure's chance to be out; for a slow side, shrunk
-        toward all ranks' records (`POOL_N`)."""
+        below), at least `size` out, with one more assumed, leaving out its newest `but`
+        figures (the run being judged): what its record says of a figure's chance to be out
+        (that far); for a slow side, shrunk toward all ranks' records (`POOL_N`)."""
         last = set(list(self.regimes[r])[len(self.regimes[r]) - but :]) if but else set()
-        flags = [f for u, f in self.record[r].items() if u not in last]
-        if side < 0 or len(flags) < POOL_FROM:
-            return (flags.count(side) + 1) / (len(flags) + 2)
-        every = flags + [f for q in range(self.world) if q != r for f in self.record[q].values()]
-        pooled = (every.count(side) + 1) / (len(every) + 2)
-        return (flags.count(side) + POOL_N * pooled) / (len(flags) + POOL_N)
+
+        def out(offs: list[float]) -> int:
+            return sum(side * off > 0 and side * off >= size for off in offs)
+
+        offs = [off for u, off in self.record[r].items() if u not in last]
+        if side < 0 or len(offs) < POOL_FROM:
+            return (out(offs) + 1) / (len(offs) + 2)
+        every = offs + [off for q in range(self.world) if q != r for off in self.record[q].values()]
+        pooled = (out(every) + 1) / (len(every) + 2)
+        shrunk = (out(offs) + POOL_N * pooled) / (len(offs) + POOL_N)
+        # Far out, a rank's own figures hold few or none: shrunk toward them, the share would
+        # read low (the simulator's 2-6x spikes then moved samples between equal ranks).
+        return max(shrunk, pooled) if size else shrunk
 
     def _confirm(self, r: int) -> None:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
@@ -261,7 +277,7 @@ class Costs:
                 self.slowed_at[r] = self.regimes[r][0]  # slower than it has been long
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
-                    self.record[r][u] = 0
+                    self.record[r][u] = 0.0
         elif after - agree >= 2:  # spikes: the old regime goes on, with them
             now = list(self.regimes[r])
             self.regimes[r].clear()
@@ -440,8 +456,7 @@ class Costs:
             for side in (1, -1):
                 share = self._share(r, side, but=k)
                 if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
-                    # as many as make the whole run as unlikely for its spikes
-                    return k, max(1, math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k)
+                    return k, self._confirming(r, side, k, min(side * (x - mid) for x in q[-k:]))
         ref, new = reference(self.recent), q[-self.recent :]
         if len(ref) < 3:
             return 0, 0
@@ -460,6 +475,18 @@ class Costs:
         while k < len(new) and side * (new[-1 - k] - half) > 0:
             k += 1
         return (k, CONFIRM_MEDIAN) if k >= 2 else (0, 0)
+
+    def _confirming(self, r: int, side: int, k: int, size: float) -> int:
+        """The figures after a run of `k` outliers at least `size` out on `side` that must
+        agree (past halfway) to make the whole run as unlikely for rank r's spikes as
+        CONFIRM_ALPHA, each read as any outlier; or fewer, where the run is further out than
+        its spikes go (a 3x slowdown on a box whose slow spikes reach 1.5x is none of them)
+        and, each figure read by how far out it is, it is as unlikely as SIZE_ALPHA."""
+        share = self._share(r, side, k)
+        plain = math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k
+        run, each = self._share(r, side, k, size), self._share(r, side, k, size / 2)
+        sized = math.ceil((math.log(SIZE_ALPHA) - k * math.log(run)) / math.log(each))
+        return max(1, min(plain, sized))
 
 
 def _spread(q: list[float]) -> float:

@@ -448,6 +448,22 @@ def test_on_real_figures_a_recovery_is_answered_though_its_first_figures_oversho
     assert moves[1][1:] == [[5, 1, 5, 5], [4, 4, 4, 4]] and moves[1][0] <= 65, moves
 
 
+def test_on_real_figures_a_3x_slowdown_and_its_end_are_answered_sooner():
+    """tests/support/traces/far_slowdowns_s28.json: four real runs whose pilot answered a
+    rank turning three times as slow (transient16 at 30, moving16 at 50) 4-6 updates later,
+    and one answering the end of it (transient16 at 60) at 66. On this box one figure of a
+    rank in a thousand reads 1.5x its peers', none 2.5x (benchmarks/results/2026-12-06-s28/
+    slow-tail.txt): a 3x slowdown's figures are further out than its spikes, and read by
+    how far out they are, they are confirmed a figure sooner (the end of it, further out
+    than most of its own fast spikes, two sooner). The same moves, each sooner; those before
+    them unchanged."""
+    for run in kept("far_slowdowns_s28")["runs"]:
+        moves = replayed(run, Autopilot(4, enabled=True), moves_at_most=len(run["changes"]))
+        *before, last = run["changes"]
+        assert moves[:-1] == before, run["run"]
+        assert moves[-1][1:] == last[1:] and moves[-1][0] < last[0], (run["run"], moves)
+
+
 def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
     """Every run's first boundary (and a resumed run's) comes before any update: its figures
     are zeros. The fixed-part reader took it for the update that recompiles at the first
@@ -581,16 +597,21 @@ def test_a_change_far_beyond_the_noise_is_read_from_two_figures_and_confirmed():
     assert costs.confirmed(2) and costs.estimate(2).cost == pytest.approx(3.0, rel=0.15)
 
 
-def slows_after_its_own_spikes(costs: Costs, peers_spike: bool, updates: int = 70) -> list:
-    """Four ranks at batch 4; rank 2 spikes 3x slow at 8, 18 and 28 and is 3x slow from 45;
-    with `peers_spike`, one of the others spikes as often. (update, whether rank 2's regime
-    is confirmed, whether it is one agreeing figure from it, its spike chance) from 44."""
+def slows_after_its_own_spikes(
+    costs: Costs, peers_spike: float | None, updates: int = 70, spike: float = 3.0
+) -> list:
+    """Four ranks at batch 4; rank 2 spikes `spike` times slow at 8, 18 and 28 and is 3x slow
+    from 45; with `peers_spike`, one of the others spikes that many times as often. (update,
+    whether rank 2's regime is confirmed, whether it is one agreeing figure from it, its
+    spike chance) from 44."""
     rng, seen = random.Random(1), []
     for t in range(updates):
         cost = [1.0] * 4
         if peers_spike and t % 5 == 3:
-            cost[(t // 5) % 4 if (t // 5) % 4 != 2 else 0] = 3.0
-        if t in (8, 18, 28) or t >= 45:
+            cost[(t // 5) % 4 if (t // 5) % 4 != 2 else 0] = peers_spike
+        if t in (8, 18, 28):
+            cost[2] = spike
+        if t >= 45:
             cost[2] = 3.0
         costs.add([4] * 4, [c * 4 * rng.uniform(0.9, 1.1) for c in cost])
         if t >= 44:
@@ -598,25 +619,40 @@ def slows_after_its_own_spikes(costs: Costs, peers_spike: bool, updates: int = 7
     return seen
 
 
+def shown_and_confirmed(seen: list) -> tuple[int, int]:
+    pending = [t for t, ok, _, _ in seen if not ok]
+    return pending[0], pending[-1] + 1
+
+
 def test_a_slowdown_is_read_against_every_ranks_record_of_slow_spikes():
-    """Rank 2's own record (3 slow spikes in 45 figures) alone says a 3x slowdown needs 4
-    figures after those that showed it; against all four ranks' records (the others never
-    spiked) it needs 3, and is confirmed at 49. Where its peers spike as often, it waits as
-    before."""
-    for peers_spike, shown, confirmed in ((False, 46, 49), (True, 47, 50)):
+    """Rank 2's own record (3 slow spikes in 45 figures, as far out as its slowdown) alone
+    says a 3x slowdown needs 4 figures after those that showed it; against all four ranks'
+    records (the others never spiked) it needs 3, and is confirmed at 49. Where its peers
+    spike as often, and further (5x), it is shown a figure later, and waits as before."""
+    for peers_spike, shown, confirmed in ((None, 46, 49), (5.0, 47, 50)):
         seen = slows_after_its_own_spikes(Costs(4), peers_spike)
-        pending = [t for t, ok, _, _ in seen if not ok]
-        assert (pending[0], pending[-1] + 1) == (shown, confirmed), seen
+        assert shown_and_confirmed(seen) == (shown, confirmed), seen
+
+
+def test_a_slowdown_further_out_than_every_ranks_spikes_is_confirmed_a_figure_sooner():
+    """Rank 2's spikes at 8, 18 and 28 are 1.5x (its peers never spike), its slowdown from 45
+    3x: further out than any figure of any rank. Read as any outlier (3 of its 45 figures
+    out), two figures show it at 46 and three after them confirm it at 49; read by how far
+    out they are, two confirm it at 48. Where its spikes were 3x, as far out as the
+    slowdown, it waits for three."""
+    small = slows_after_its_own_spikes(Costs(4), None, spike=1.5)
+    assert shown_and_confirmed(small) == (46, 48), small
+    assert shown_and_confirmed(slows_after_its_own_spikes(Costs(4), None, spike=3.0)) == (46, 49)
 
 
 def test_a_rank_one_agreeing_figure_from_confirmation_is_nearly_confirmed():
-    seen = {t: rest for t, *rest in slows_after_its_own_spikes(Costs(4), False, 51)}
+    seen = {t: rest for t, *rest in slows_after_its_own_spikes(Costs(4), None, 51)}
     assert seen[48] == [False, True, pytest.approx(4e-6, rel=0.1)]  # one figure more: 49
     assert seen[47][:2] == [False, False] and seen[49][:2] == [True, False]
     assert not Costs(4).nearly(0, 1.0)  # no shift
     # or one figure from the bet: its spike chance, one agreeing figure on, under alpha
     costs = Costs(4)
-    slows_after_its_own_spikes(costs, False, 47)  # at 46: 2e-3, and 9e-5 at 47
+    slows_after_its_own_spikes(costs, None, 47)  # at 46: 2e-3, and 9e-5 at 47
     assert costs.spike_chance(2) > 1e-3 and costs.nearly(2, 1e-4) and not costs.nearly(2, 5e-5)
 
 
