@@ -22,12 +22,11 @@ Three things make the figures of one update a poor guide, each answered here:
   for its spikes as `CONFIRM_ALPHA`, or, each figure's chance read by how far out it is, as
   `SIZE_ALPHA`: a 3x slowdown is none of a box's 1.5x spikes; `CONFIRM_MEDIAN` after a
   shift read from the median; a rank faster than it has been, alone, once its regime is
-  `SPELL` figures long: this box's fast spells come in runs, not one figure at a time),
-  or *undone* by two back
-  at the old level: those were spikes, and the old regime goes on with them. Until then a
-  decision reads the rank at its cost before (`standing`), and the autopilot waits for it
-  or leaves its batch alone (or, in a move due anyway, takes it at its new cost where its
-  figures are unlikely spikes: `spike_chance`).
+  `SPELL` figures long: this box's fast spells come in runs, not one figure at a time), or
+  *undone* by two back at the old level: those were spikes, and the old regime goes on
+  with them. Until then a decision reads the rank at its cost before (`standing`), and the
+  autopilot waits for it or leaves its batch alone (or, in a move due anyway, takes it at
+  its new cost where its figures are unlikely spikes: `spike_chance`).
   The scatter a shift is judged by is one its own figures did not widen: its regime's
   without them, and for a young regime (a restart at a new batch, a shift) the scatter its
   rank's last long regime showed until it has `MIN_SPREAD_N` figures besides those judged.
@@ -79,9 +78,9 @@ CONFIRM_ALPHA = 1e-6
 # ...or, each figure's chance read from the share of figures at least as far out, under
 # this: a far tail read from a few hundred figures is often read low (tests/support/
 # pilot_sim.Noise's spikes, 2-6x in one figure of 20: equal ranks changed split in 8 of 200
-# runs of 500 updates at CONFIRM_ALPHA, 6 at this, 5 without the size read; a real 3x
-# slowdown is confirmed by 1 figure after the 2 that showed it at CONFIRM_ALPHA, 2 at this,
-# 3 without).
+# runs of 500 updates at CONFIRM_ALPHA, 6 at this, 5 without the size read; session 27's run
+# B transient16 r0 had its 3x slowdown confirmed by 1 figure after the 2 that showed it at
+# CONFIRM_ALPHA, 2 at this, 3 without).
 SIZE_ALPHA = 1e-7
 # Figures after a shift read from the median that must agree with it (at 2, the noisy
 # machine's equal ranks changed split in 1 of 24 such runs).

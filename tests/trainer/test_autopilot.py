@@ -601,9 +601,9 @@ def slows_after_its_own_spikes(
     costs: Costs, peers_spike: float | None, updates: int = 70, spike: float = 3.0
 ) -> list:
     """Four ranks at batch 4; rank 2 spikes `spike` times slow at 8, 18 and 28 and is 3x slow
-    from 45; with `peers_spike`, one of the others spikes that many times as often. (update,
-    whether rank 2's regime is confirmed, whether it is one agreeing figure from it, its
-    spike chance) from 44."""
+    from 45; with `peers_spike`, one of the others spikes that many times slow every 5
+    updates. (update, whether rank 2's regime is confirmed, whether it is one agreeing
+    figure from it, its spike chance) from 44."""
     rng, seen = random.Random(1), []
     for t in range(updates):
         cost = [1.0] * 4
