@@ -272,7 +272,9 @@ class Costs:
         if _confirms(after, agree, self._needed(r)):
             shift.confirmed, shift.before = True, []
             best = self.best[r]
-            if side > 0 and (best is None or self._level(r) > best + self.min_shift):
+            # a rank that held no level long is settling (as `_new_best` reads it): its
+            # first figures after a restart read cheap, and then its own level, slower
+            if side > 0 and best is not None and self._level(r) > best + self.min_shift:
                 self.slowed_at[r] = self.regimes[r][0]  # slower than it has been long
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:

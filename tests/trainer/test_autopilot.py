@@ -464,6 +464,20 @@ def test_on_real_figures_a_3x_slowdown_and_its_end_are_answered_sooner():
         assert moves[-1][1:] == last[1:] and moves[-1][0] < last[0], (run["run"], moves)
 
 
+def test_on_real_figures_a_fast_spell_is_not_taken_for_news_by_a_rank_settling_after_a_move():
+    """tests/support/traces/spell_after_restart_s28.json (moving8): the pilot moved 2,2,2,2 ->
+    1,3,2,2 at 10, before any rank had held a level for 10 figures. Rank 0, left 1 sample,
+    read 1.1x its peers for three figures after its recompile and 1.7x from then on: a shift
+    to slower, confirmed at 21. Rank 3 ran 0.6x from 17 (a core to itself): a new best,
+    which waits for a spell's worth of figures unless another rank turned slower than it
+    has been, and rank 0's settling counted as that: 1,3,2,2 -> 1,2,2,3 at 23, between ranks
+    equal by the schedule. A rank that held no level long is settling, as a new best is
+    read: no move to 40."""
+    trace = kept("spell_after_restart_s28")
+    assert trace["changes"][1] == [23, [1, 3, 2, 2], [1, 2, 2, 3]]
+    assert replayed(trace, Autopilot(4, enabled=True)) == trace["changes"][:1]
+
+
 def test_the_boundary_before_the_first_update_changes_nothing_the_pilot_reads():
     """Every run's first boundary (and a resumed run's) comes before any update: its figures
     are zeros. The fixed-part reader took it for the update that recompiles at the first
