@@ -455,9 +455,9 @@ class Costs:
                 break
             mid, bar = statistics.median(ref), self._bar(r, but=k)
             for side in (1, -1):
-                share = self._share(r, side, but=k)
-                if all(side * (x - mid) > bar for x in q[-k:]) and share**k <= FAST_ALPHA:
-                    return k, self._confirming(r, side, k, min(side * (x - mid) for x in q[-k:]))
+                share, least = self._share(r, side, but=k), min(side * (x - mid) for x in q[-k:])
+                if least > bar and share**k <= FAST_ALPHA:
+                    return k, self._confirming(r, side, k, least, share)
         ref, new = reference(self.recent), q[-self.recent :]
         if len(ref) < 3:
             return 0, 0
@@ -477,13 +477,13 @@ class Costs:
             k += 1
         return (k, CONFIRM_MEDIAN) if k >= 2 else (0, 0)
 
-    def _confirming(self, r: int, side: int, k: int, size: float) -> int:
+    def _confirming(self, r: int, side: int, k: int, size: float, share: float) -> int:
         """The figures after a run of `k` outliers at least `size` out on `side` that must
         agree (past halfway) to make the whole run as unlikely for rank r's spikes as
-        CONFIRM_ALPHA, each read as any outlier; or fewer, where the run is further out than
-        its spikes go (a 3x slowdown on a box whose slow spikes reach 1.5x is none of them)
-        and, each figure read by how far out it is, it is as unlikely as SIZE_ALPHA."""
-        share = self._share(r, side, k)
+        CONFIRM_ALPHA, each read as any outlier (`share`: the share of its figures out on that
+        side); or fewer, where the run is further out than its spikes go (a 3x slowdown on a
+        box whose slow spikes reach 1.5x is none of them) and, each figure read by how far out
+        it is, it is as unlikely as SIZE_ALPHA."""
         plain = math.ceil(math.log(CONFIRM_ALPHA) / math.log(share)) - k
         run, each = self._share(r, side, k, size), self._share(r, side, k, size / 2)
         sized = math.ceil((math.log(SIZE_ALPHA) - k * math.log(run)) / math.log(each))
