@@ -52,7 +52,7 @@ def test_a_second_run_on_the_default_base_moves_and_is_found_without_a_port(tiny
         assert (
             f"to go on: fleet launch -n 2 -- train --resume latest --run-dir {run}" in sent.stdout
         )
-        proc.wait(120)
+        proc.communicate(timeout=120)  # (read: a full pipe would hold its last lines)
     finally:
         for s in held:
             s.close()

@@ -4,14 +4,25 @@ reaches ranks that start after it (real ranks, real signals, real process trees)
 
 from __future__ import annotations
 
+import fcntl
+import re
 import signal
+import struct
+import termios
 import time
 
 import psutil
 import pytest
 
 from tests.support.fleet import spawn_launch
-from tests.support.ranks import TINY, last_update, wait_for_checkpoint, wait_until_gone
+from tests.support.ranks import (
+    TINY,
+    last_update,
+    newest_step,
+    run_processes,
+    wait_for_checkpoint,
+    wait_until_gone,
+)
 from trainer.checkpoint import catalog
 
 pytestmark = pytest.mark.slow
@@ -61,3 +72,39 @@ def test_a_stop_in_the_launchers_first_moment_reaches_every_rank(tiny_data, tmp_
     assert wait_until_gone(run, timeout=10) == []  # (the old code: all still training)
     path, _, _ = catalog.resolve(run, "latest")  # every rank stopped at its first boundary
     assert catalog.read_json(path, catalog.STATE)["step"] == 0
+
+
+def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
+    """Ctrl-S in the terminal, or `| less` left alone: fleet launch's output pipe fills within
+    seconds (a progress line an update). The lifeline must reach the ranks all the same, and
+    nothing printed is lost once the output is read."""
+    run = tmp_path / "run"
+    proc = spawn_launch(
+        *(2, tiny_data, run, *TINY, "--local-batches", "2,2", "--updates", "100000"),
+        launch_opts=("--lifeline-timeout", "2"),
+    )
+    try:
+        deadline, held = time.monotonic() + 120, -1
+        while (now := unread(proc.stdout)) < 16_384 or now != held:  # until the pipe is full
+            assert proc.poll() is None and time.monotonic() < deadline, "the pipe never filled"
+            held = now
+            time.sleep(1.0)
+        time.sleep(3 * 2)  # three lifeline timeouts with nothing read
+        # Still training: no rank has stopped (a stop saves; the old code's ranks stopped for
+        # "a lost lifeline" two seconds after the pipe filled).
+        assert newest_step(run) == 0 and len([p for p in run_processes(run)]) >= 2
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stopped = re.search(r"stopped at update (\d+) of 100000 \(by (.*?)\)", out)
+    assert stopped and stopped.group(2) == "SIGTERM to fleet launch", out[-2000:]
+    steps = [int(m) for m in re.findall(r"^step +(\d+)/100000", out, re.M)]
+    assert steps == list(range(1, int(stopped.group(1)) + 1))  # every line, in order
+
+
+def unread(pipe) -> int:
+    """Bytes waiting in `pipe` (its reader's end)."""
+    return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]

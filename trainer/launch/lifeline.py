@@ -15,7 +15,9 @@ Three ends, each a few lines:
   so a stop in the first second reaches ranks that appear after it.
 - `tether()` (inside mlx.launch, before its own main): relays the lines, and when the pipe
   ends (fleet launch killed, even by SIGKILL) tells every rank `lost`, then ends whatever is
-  still running `grace` seconds later. No parent-death signal: macOS has none.
+  still running `grace` seconds later. No parent-death signal: macOS has none. mlx.launch's
+  one loop both relays the lines and writes the ranks' output, so the tether spools that
+  output (spool.py): output that nobody reads must not silence the lifeline.
 - `Watch` (each rank, `FLEET_LIFELINE` set): reads the lines on a thread; at every update
   boundary the controller asks it `code()`: a stop, a lost launcher (the line says so, the
   input ended, or nothing came for `timeout` seconds: an ssh connection that went silent),
@@ -34,6 +36,8 @@ import signal
 import sys
 import threading
 import time
+
+from trainer.launch import spool
 
 ENV = "FLEET_LIFELINE"  # set for every rank by fleet launch: the timeout in seconds
 GRACE_ENV = "FLEET_TETHER_GRACE"  # mlx.launch's: seconds the ranks get once fleet launch is gone
@@ -120,6 +124,7 @@ def tether() -> None:
     (which copies them to every rank), and outlive fleet launch only long enough to stop
     the ranks. Standard input becomes a pipe of ours, so mlx.launch never reads an ended one
     (it would spin on it)."""
+    spool.install()  # before anything is written: mlx.launch's output never blocks its loop
     upstream = os.dup(0)
     read_end, write_end = os.pipe()
     os.dup2(read_end, 0)
