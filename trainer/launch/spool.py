@@ -19,7 +19,7 @@ import os
 import threading
 from collections import deque
 
-CAP_BYTES = 8 << 20  # a day of an ordinary run's progress lines (about 130 bytes an update)
+CAP_BYTES = 8 << 20  # about 60,000 progress lines (130 bytes): most of a day at 1 update/s
 CLOSE_WAIT_S = 2.0  # at exit, how long the last bytes in the pipe may take to be read
 
 
@@ -52,6 +52,7 @@ class Spool:
             self._ended = True
             self._cond.notify_all()
         self._writer.join()
+        os.close(self.target)
 
     def _read(self) -> None:
         while True:
@@ -61,6 +62,8 @@ class Spool:
                 data = b""
             with self._cond:
                 if not data:
+                    with contextlib.suppress(OSError):
+                        os.close(self._read_end)
                     self._ended = True
                     self._cond.notify_all()
                     return

@@ -46,8 +46,7 @@ def test_writes_go_on_while_nothing_reads_and_arrive_whole_once_read():
     reader = threading.Thread(target=lambda: received.append(read_all(read_end)))
     reader.start()
     s.close()
-    os.close(fd)
-    os.close(s.target)  # the last writer to the reader's pipe
+    os.close(fd)  # the last writer to the reader's pipe
     reader.join(10)
     assert received and received[0] == b"".join(LINE % i for i in range(lines))
 
@@ -62,7 +61,6 @@ def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
     reader.start()
     s.close()
     os.close(fd)
-    os.close(s.target)
     reader.join(10)
     out = received[0]
     note_at = out.index(b"\nfleet launch: ")
@@ -83,4 +81,3 @@ def test_a_gone_reader_costs_the_writer_nothing():
     assert write_in_time(fd, 2000)
     s.close()  # delivers into nothing, without an error
     os.close(fd)
-    os.close(s.target)
