@@ -109,10 +109,18 @@ def left_out(size: int) -> bytes:
 
 
 def install(fds: tuple[int, ...] = (1, 2)) -> list[Spool]:
-    """A spool in front of each of `fds`, closed (its output delivered) at exit."""
+    """A spool in front of each of `fds` (1 and 2: stdout and stderr), closed (its output
+    delivered) at exit. A descriptor that is closed (`fleet launch >&-`) becomes /dev/null:
+    output nobody wants, where mlx.launch would otherwise fail on a missing sys.stdout."""
     import atexit
     import sys
 
+    for fd in fds:
+        _open_or_null(fd)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own, kept open
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
     spools = [Spool(fd) for fd in fds]
 
     def deliver() -> None:
@@ -124,3 +132,14 @@ def install(fds: tuple[int, ...] = (1, 2)) -> list[Spool]:
 
     atexit.register(deliver)
     return spools
+
+
+def _open_or_null(fd: int) -> None:
+    """Leave `fd` as it is if open, else point it at /dev/null."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY)  # the lowest free descriptor: maybe `fd`
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)

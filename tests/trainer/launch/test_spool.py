@@ -4,8 +4,11 @@ what was written reaches the reader in order once it reads (real pipes, real thr
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
+from tests.support.fleet import fleet_env
 from trainer.launch import spool
 
 LINE = b"step %6d/100000 | loss 2.7191 | 19.5k tok/s | peak 3.8 MiB | lr 4.45e-04 | 7 ms\n"
@@ -81,3 +84,21 @@ def test_a_gone_reader_costs_the_writer_nothing():
     assert write_in_time(fd, 2000)
     s.close()  # delivers into nothing, without an error
     os.close(fd)
+
+
+def test_a_closed_output_becomes_dev_null_and_the_writer_runs_on():
+    """`fleet launch >&-`: mlx.launch starts with no stdout (sys.stdout is None). The spool
+    gives it /dev/null instead of failing, and the process writes and exits as usual."""
+    code = (
+        "import os, sys; from trainer.launch import spool; spool.install(); "
+        "sys.stdout.buffer.write(b'x' * 200_000); sys.stdout.flush(); os.write(2, b'ran on')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),  # noqa: PLW1509 - the child's own stdout, nothing else
+        env=fleet_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stderr == b"ran on"
