@@ -79,7 +79,9 @@ def spawn_launch(
     launch_opts: tuple[str, ...] = (),
     **popen,
 ) -> subprocess.Popen:
-    """A run of N real local ranks in the background; stderr is piped for its diagnosis."""
+    """A run of N real local ranks in the background; stderr is piped for its diagnosis.
+    End it with `communicate()`, not `wait()`: a pipe nobody reads holds the launch's last
+    lines, and its exit with them (a progress line an update fills it in seconds)."""
     popen.setdefault("stdout", subprocess.PIPE)
     args = launch_args(n, data, run, *train_args, launch_opts=launch_opts)
     argv = [sys.executable, "-m", "fleet.cli", *args]
