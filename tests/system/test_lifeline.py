@@ -92,7 +92,7 @@ def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
         time.sleep(3 * 2)  # three lifeline timeouts with nothing read
         # Still training: no rank has stopped (a stop saves; the old code's ranks stopped for
         # "a lost lifeline" two seconds after the pipe filled).
-        assert newest_step(run) == 0 and len([p for p in run_processes(run)]) >= 2
+        assert newest_step(run) == 0 and len(run_processes(run)) >= 2
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:

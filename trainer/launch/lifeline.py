@@ -200,7 +200,8 @@ def _relay(upstream: int, downstream: int, grace: float, signal_ranks: bool) -> 
             os.write(downstream, data)
     # fleet launch is gone: nobody reads our stderr any more, nobody supervises the ranks.
     with contextlib.suppress(OSError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # it was a pipe to fleet launch
+        # it was the spool's pipe on to fleet launch: what the spool holds goes nowhere now
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     with contextlib.suppress(OSError):
         os.write(downstream, LOST + b"\n")  # mlx.launch copies it to every rank
     from trainer.launch.proctree import ProcessTree
