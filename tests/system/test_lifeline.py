@@ -4,12 +4,14 @@ reaches ranks that start after it (real ranks, real signals, real process trees)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import re
 import signal
 import struct
 import termios
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -36,17 +38,32 @@ def start(tiny_data, run, grace: str = "60"):
     )
 
 
+@contextlib.contextmanager
+def nothing_left(proc, run) -> Iterator[None]:
+    """Whatever the block does (a failing assertion too), nothing of the run runs after it."""
+    try:
+        yield
+    finally:
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+
+
+def sigterm(proc) -> tuple[str, str]:
+    """SIGTERM to fleet launch, and what it printed (stdout, stderr) until it ended by it."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    return out, err
+
+
 def test_sigkill_of_fleet_launch_stops_every_rank_with_a_checkpoint(tiny_data, tmp_path):
     run = tmp_path / "run"
     proc = start(tiny_data, run)
-    try:
+    with nothing_left(proc, run):
         wait_for_checkpoint(run, 2, proc)
         proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up by fleet launch
         proc.wait()
         left = wait_until_gone(run, timeout=60)
-    finally:
-        proc.kill()
-        wait_until_gone(run, timeout=0)  # a failure here leaves nothing running
     assert left == [], [p.cmdline() for p in left]
     # stopped at a boundary with a checkpoint: no update is lost
     path, _, _ = catalog.resolve(run, "latest")
@@ -56,18 +73,13 @@ def test_sigkill_of_fleet_launch_stops_every_rank_with_a_checkpoint(tiny_data, t
 def test_a_stop_in_the_launchers_first_moment_reaches_every_rank(tiny_data, tmp_path):
     run = tmp_path / "run"
     proc = start(tiny_data, run)
-    try:
+    with nothing_left(proc, run):
         # SIGTERM the moment mlx.launch exists: no rank has started yet
         deadline = time.monotonic() + 60
         while not psutil.Process(proc.pid).children():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.005)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        wait_until_gone(run, timeout=0)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        _, err = sigterm(proc)
     assert "stopped on SIGTERM: the ranks stopped" in err, err[-3000:]
     assert wait_until_gone(run, timeout=10) == []  # (the old code: all still training)
     path, _, _ = catalog.resolve(run, "latest")  # every rank stopped at its first boundary
@@ -83,7 +95,7 @@ def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
         *(2, tiny_data, run, *TINY, "--local-batches", "2,2", "--updates", "100000"),
         launch_opts=("--lifeline-timeout", "2"),
     )
-    try:
+    with nothing_left(proc, run):
         deadline, held = time.monotonic() + 120, -1
         while (now := unread(proc.stdout)) < 16_384 or now != held:  # until the pipe is full
             assert proc.poll() is None and time.monotonic() < deadline, "the pipe never filled"
@@ -93,12 +105,7 @@ def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
         # Still training: no rank has stopped (a stop saves; the old code's ranks stopped for
         # "a lost lifeline" two seconds after the pipe filled).
         assert newest_step(run) == 0 and len(run_processes(run)) >= 2
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        wait_until_gone(run, timeout=0)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        out, _ = sigterm(proc)
     stopped = re.search(r"stopped at update (\d+) of 100000 \(by (.*?)\)", out)
     assert stopped and stopped.group(2) == "SIGTERM to fleet launch", out[-2000:]
     steps = [int(m) for m in re.findall(r"^step +(\d+)/100000", out, re.M)]

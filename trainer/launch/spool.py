@@ -14,8 +14,10 @@ No mlx here: the tether (trainer/launch/lifeline.py) installs it inside mlx.laun
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 import threading
 from collections import deque
 
@@ -108,13 +110,10 @@ def left_out(size: int) -> bytes:
     ).encode()
 
 
-def install(fds: tuple[int, ...] = (1, 2)) -> list[Spool]:
+def install(fds: tuple[int, ...] = (1, 2)) -> None:
     """A spool in front of each of `fds` (1 and 2: stdout and stderr), closed (its output
     delivered) at exit. A descriptor that is closed (`fleet launch >&-`) becomes /dev/null:
     output nobody wants, where mlx.launch would otherwise fail on a missing sys.stdout."""
-    import atexit
-    import sys
-
     for fd in fds:
         _open_or_null(fd)
     if sys.stdout is None:
@@ -131,7 +130,6 @@ def install(fds: tuple[int, ...] = (1, 2)) -> list[Spool]:
             spool.close()
 
     atexit.register(deliver)
-    return spools
 
 
 def _open_or_null(fd: int) -> None:

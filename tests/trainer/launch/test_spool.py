@@ -14,12 +14,6 @@ from trainer.launch import spool
 LINE = b"step %6d/100000 | loss 2.7191 | 19.5k tok/s | peak 3.8 MiB | lr 4.45e-04 | 7 ms\n"
 
 
-def output_nobody_reads() -> tuple[int, int]:
-    """(the read end nobody reads yet, a descriptor that writes to the pipe)."""
-    read_end, write_end = os.pipe()
-    return read_end, write_end
-
-
 def write_in_time(fd: int, lines: int, seconds: float = 10.0) -> bool:
     """Whether `lines` progress lines were written to `fd` within `seconds`."""
     done = threading.Event()
@@ -33,39 +27,38 @@ def write_in_time(fd: int, lines: int, seconds: float = 10.0) -> bool:
     return done.wait(seconds)
 
 
-def read_all(fd: int) -> bytes:
-    got = []
-    while data := os.read(fd, 1 << 16):
-        got.append(data)
-    return b"".join(got)
+def delivered(s: spool.Spool, read_end: int, fd: int) -> bytes:
+    """What reaches the reader, once it starts reading and the spool closes (`fd`, the
+    spool's descriptor, is its last writer)."""
+    got: list[bytes] = []
 
+    def read() -> None:
+        while data := os.read(read_end, 1 << 16):
+            got.append(data)
 
-def test_writes_go_on_while_nothing_reads_and_arrive_whole_once_read():
-    read_end, fd = output_nobody_reads()
-    s = spool.Spool(fd)
-    lines = 4000  # about 330 KB: five times what the pipe holds
-    assert write_in_time(fd, lines)  # without the spool the writer blocks at about 800
-    received = []
-    reader = threading.Thread(target=lambda: received.append(read_all(read_end)))
-    reader.start()
-    s.close()
-    os.close(fd)  # the last writer to the reader's pipe
-    reader.join(10)
-    assert received and received[0] == b"".join(LINE % i for i in range(lines))
-
-
-def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
-    read_end, fd = output_nobody_reads()
-    s = spool.Spool(fd, cap=50_000)
-    lines = 4000
-    assert write_in_time(fd, lines)
-    received = []
-    reader = threading.Thread(target=lambda: received.append(read_all(read_end)))
+    reader = threading.Thread(target=read)
     reader.start()
     s.close()
     os.close(fd)
     reader.join(10)
-    out = received[0]
+    assert not reader.is_alive(), "the reader never saw the pipe's end"
+    return b"".join(got)
+
+
+def test_writes_go_on_while_nothing_reads_and_arrive_whole_once_read():
+    read_end, fd = os.pipe()  # nobody reads it yet
+    s = spool.Spool(fd)
+    lines = 4000  # about 330 KB: five times what the pipe holds
+    assert write_in_time(fd, lines)  # without the spool the writer blocks at about 800
+    assert delivered(s, read_end, fd) == b"".join(LINE % i for i in range(lines))
+
+
+def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
+    read_end, fd = os.pipe()
+    s = spool.Spool(fd, cap=50_000)
+    lines = 4000
+    assert write_in_time(fd, lines)
+    out = delivered(s, read_end, fd)
     note_at = out.index(b"\nfleet launch: ")
     note_end = out.index(b"\n", note_at + 1) + 1
     assert b"MiB of the run's output left out here" in out[note_at:note_end]
@@ -78,7 +71,7 @@ def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
 
 
 def test_a_gone_reader_costs_the_writer_nothing():
-    read_end, fd = output_nobody_reads()
+    read_end, fd = os.pipe()
     s = spool.Spool(fd)
     os.close(read_end)  # fleet launch killed: nobody will ever read
     assert write_in_time(fd, 2000)
