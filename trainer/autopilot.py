@@ -483,6 +483,9 @@ def unjustified(
         e.cost * (a + b) / (f + b) for e, a, f, b in zip(est, read_at, fixed, split, strict=True)
     ]
     costs = pooled(raw, [e.se for e in est])
+    # the ranks read as equals where read (at the fixed part steered by), whatever `fixed`
+    equals = groups([e.cost for e in est], [e.se for e in est])
+    group = {r: i for i, g in enumerate(equals) for r in g}
     before = [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
     after = [c * (f + b) for c, f, b in zip(costs, fixed, new, strict=True)]
     donors = [r for r in range(world) if new[r] < split[r]]
@@ -491,6 +494,15 @@ def unjustified(
         for t in takers:
             noise = math.hypot(est[d].se, est[t].se)
             young = min(est[d].n, est[t].n) < SETTLED
+            # Ranks read as one cost are equals whose fixed parts, each capped at its own
+            # batch, may differ: the giver must have had more samples than the taker will, or
+            # those parts alone make a gain (session 29's run C, gradual16 r0 at 36: rank 0 at
+            # 5 samples, read at a part of 4.76, gave one to rank 1 at 4, read at 4). Equals
+            # as read, not as re-read at a larger part: there a rank twice as dear, left 2
+            # samples and read at 9.5 where its peer at 4 is read at 4, looks its peer's equal
+            # and still gains by giving (the simulator's SIX, moving16).
+            if group[d] == group[t] and split[d] <= new[t]:
+                return f"ranks {d} and {t} cost the same within the noise"
             if young:  # a cost read from few figures: only clear evidence moves samples
                 if math.log(before[d] / after[t]) < Z_YOUNG * noise:
                     return f"rank {d} is not clearly slower than rank {t}"
@@ -548,19 +560,25 @@ def nearest(
 def pooled(costs: list[float], ses: list[float], z: float = Z_AGREE) -> list[float]:
     """Costs with the ranks that agree within `z` standard errors of their neighbours (in
     order of cost) replaced by their group's weighted mean (in log space)."""
-    order = sorted(range(len(costs)), key=lambda r: costs[r])
-    groups: list[list[int]] = []
-    for r in order:
-        last = groups[-1][-1] if groups else None
-        band = min(z * math.hypot(ses[r], ses[last]), POOL_MAX) if last is not None else 0.0
-        if last is not None and math.log(costs[r] / costs[last]) < band:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
     out = list(costs)
-    for g in groups:
+    for g in groups(costs, ses, z):
         weights = [1 / max(ses[r], 1e-6) ** 2 for r in g]
         mean = sum(w * math.log(costs[r]) for w, r in zip(weights, g, strict=True)) / sum(weights)
         for r in g:
             out[r] = math.exp(mean)
+    return out
+
+
+def groups(costs: list[float], ses: list[float], z: float = Z_AGREE) -> list[list[int]]:
+    """The ranks in groups that agree within `z` standard errors of their neighbours, in
+    order of cost (never further apart than POOL_MAX)."""
+    order = sorted(range(len(costs)), key=lambda r: costs[r])
+    out: list[list[int]] = []
+    for r in order:
+        last = out[-1][-1] if out else None
+        band = min(z * math.hypot(ses[r], ses[last]), POOL_MAX) if last is not None else 0.0
+        if last is not None and math.log(costs[r] / costs[last]) < band:
+            out[-1].append(r)
+        else:
+            out.append([r])
     return out

@@ -826,6 +826,27 @@ def test_a_move_must_hold_at_every_fixed_part_the_figures_allow():
     assert unjustified([2, 6], [3, 5], est, [0.0] * 2, [6.0] * 2) == ""
 
 
+def test_equal_ranks_read_at_fixed_parts_capped_at_their_batches_never_swap():
+    """Session 29's run C, gradual16 r0 at update 36: a fixed part read as 4.76 samples is
+    capped at 4 for the ranks at batch 4, so rank 0 at 5 and rank 1 at 4, pooled as one cost,
+    were predicted 9.76 and 9 of it at 5 samples: rank 0 gave rank 1 a sample on those parts
+    alone. Pooled ranks are equals: the giver must have had more than the taker will."""
+    est = [
+        Estimate(0.925, 0.029, 7, 0.08),  # young, read at 4.76
+        Estimate(0.997, 0.018, 20, 0.08),  # read at 4, its batch
+        Estimate(0.981, 0.017, 20, 0.08),
+        Estimate(1.698, 0.057, 7, 0.08),  # the slowed rank, read at 3
+    ]
+    read = [4.76, 4.0, 4.0, 3.0]
+    why = unjustified([5, 4, 4, 3], [4, 5, 5, 2], est, read, read)
+    assert why == "ranks 0 and 1 cost the same within the noise"
+    # between those equals a move toward even batches still goes (rank 0 at 6 gives one)
+    at_six = [4.76, 4.0, 4.0, 2.0]
+    assert unjustified([6, 4, 4, 2], [5, 5, 4, 2], est, at_six, at_six) == ""
+    # and the slowed rank, pooled with nobody, gives to them as before
+    assert unjustified([5, 4, 4, 3], [5, 5, 4, 2], est, read, read) == ""
+
+
 def fly_recovery_as_another_slows() -> list[tuple[int, list[int], bool]]:
     """Rank 0, held at batch 1 while 2.4x slower, recovers at update 40 as rank 2 turns 3x
     slower (this box's fast spikes, one figure in nine, in rank 0's record). The pilot's moves:
