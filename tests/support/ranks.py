@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
+import struct
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -92,6 +96,32 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
         assert proc.poll() is None, _why(proc.stderr.read())
         assert time.monotonic() < deadline, f"no checkpoint {step} in {timeout} s"
         time.sleep(0.1)
+
+
+def hold_output(proc: subprocess.Popen, seconds: float, timeout: float = 120) -> None:
+    """Read nothing of `proc`'s stdout until its pipe is full, then `seconds` more: Ctrl-S
+    in the terminal, or `| less` left alone (a progress line an update fills it in seconds)."""
+    deadline, held = time.monotonic() + timeout, -1
+    while (now := unread(proc.stdout)) < 16_384 or now != held:
+        assert proc.poll() is None and time.monotonic() < deadline, "the pipe never filled"
+        held = now
+        time.sleep(1.0)
+    time.sleep(seconds)
+
+
+def unread(pipe) -> int:
+    """Bytes waiting in `pipe` (its reader's end)."""
+    return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def stop_cause(out: str, updates: int) -> str:
+    """What stopped the run, by its "stopped at update N of `updates` (by ...)" line, once
+    `out` is found to hold every progress line from 1 to N, in order (nothing printed lost)."""
+    stopped = re.search(rf"stopped at update (\d+) of {updates} \(by (.*?)\)", out)
+    assert stopped, out[-2000:]
+    steps = [int(m) for m in re.findall(rf"^step +(\d+)/{updates}", out, re.M)]
+    assert steps == list(range(1, int(stopped.group(1)) + 1))
+    return stopped.group(2)
 
 
 def _why(err: str) -> str:

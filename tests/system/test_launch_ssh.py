@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -205,14 +206,23 @@ def test_fleet_check_names_a_refused_host_and_other_versions(tmp_path, ssh_path,
         assert "problem: mac-a: mlx not installed, this machine has" in out.stdout
 
 
-def spawn_over_ssh(ssh_path, hosts, data, run, *opts) -> subprocess.Popen:
+def spawn_over_ssh(
+    ssh_path,
+    hosts,
+    data,
+    run,
+    *opts,
+    train: tuple[str, ...] = ("--checkpoint-every", "1", "--log-every", "1000"),
+) -> subprocess.Popen:
+    """`fleet launch --hostfile` of a run of 100,000 updates with launch options `opts` and
+    `train`'s options, its output piped (stdout, stderr) and read by nobody yet."""
     hostfile = run.parent / f"{run.name}-hosts.json"
     hostfile.write_text(json.dumps([{"ssh": h, "ips": ["127.0.0.1"]} for h in hosts]))
     cmd = [
         *(sys.executable, "-m", "fleet.cli", "launch", "--hostfile", str(hostfile), "--no-check"),
         *("--backend", "ring", "--starting-port", str(free_port(len(hosts) + 1)), *opts, "--"),
         *("train", "--data", str(data), "--run-dir", str(run), "--local-batches", "2,2"),
-        *(*TINY, "--updates", "100000", "--checkpoint-every", "1", "--log-every", "1000"),
+        *(*TINY, "--updates", "100000", *train),
     ]
     env = {**fleet_env(), "PATH": ssh_path}
     env.pop("SSH_AUTH_SOCK", None)
@@ -273,6 +283,34 @@ def test_a_rank_whose_ssh_connection_goes_silent_stops_with_a_checkpoint(
     events = [e for e in read_events(run, 0) if e.kind == "stopped"]
     assert events and "a lost lifeline to fleet launch (rank 1)" in events[-1].message
     assert step == events[-1].step
+
+
+def test_output_that_nobody_reads_does_not_stop_a_run_over_ssh(tmp_path, ssh_path, tiny_data):
+    """As on one machine (tests/system/test_lifeline.py), over ssh: mlx.launch copies the
+    ranks' output from their ssh sessions in the same loop that writes the lifeline into
+    them, so a stdout that nobody reads must stop neither."""
+    from tests.support.ranks import (
+        hold_output,
+        newest_step,
+        run_processes,
+        stop_cause,
+        wait_until_gone,
+    )
+
+    run = tmp_path / "unread"
+    proc = spawn_over_ssh(
+        ssh_path, ["mac-a", "mac-b"], tiny_data, run, "--lifeline-timeout", "2", train=()
+    )
+    try:
+        hold_output(proc, 3 * 2)  # three lifeline timeouts with nothing read
+        assert newest_step(run) == 0 and len(run_processes(run)) >= 2  # no rank has stopped
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert stop_cause(out, 100000) == "SIGTERM to fleet launch"
 
 
 def test_relative_paths_are_checked_where_the_ranks_will_read_them(tmp_path, ssh_path, tiny_data):
