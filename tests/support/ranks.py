@@ -6,10 +6,12 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import struct
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -98,12 +100,37 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+# A lifeline timeout short enough for a quick test, long enough for a loaded 2-core box: at 2 s
+# the lifeline was lost in 4 of 12 runs beside 3 busy loops, the output read all along and
+# nothing waiting in the rank's pipe (the line was late on the way); at 5 s in none of 6.
+LIFELINE_S = "5"
+
+
+@contextlib.contextmanager
+def nothing_left(proc, run) -> Iterator[None]:
+    """Whatever the block does (a failing assertion too), nothing of the run runs after it."""
+    try:
+        yield
+    finally:
+        proc.kill()
+        wait_until_gone(run, timeout=0)
+
+
+def sigterm(proc) -> tuple[str, str]:
+    """SIGTERM to fleet launch, and what it printed (stdout, stderr) until it ended by it."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    return out, err
+
+
 def hold_output(proc: subprocess.Popen, seconds: float, timeout: float = 120) -> None:
     """Read nothing of `proc`'s stdout until its pipe is full, then `seconds` more: Ctrl-S
     in the terminal, or `| less` left alone (a progress line an update fills it in seconds)."""
     deadline, held = time.monotonic() + timeout, -1
     while (now := unread(proc.stdout)) < 16_384 or now != held:
-        assert proc.poll() is None and time.monotonic() < deadline, "the pipe never filled"
+        assert proc.poll() is None, _why(proc.stderr.read())
+        assert time.monotonic() < deadline, "the pipe never filled"
         held = now
         time.sleep(1.0)
     time.sleep(seconds)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -290,26 +289,22 @@ def test_output_that_nobody_reads_does_not_stop_a_run_over_ssh(tmp_path, ssh_pat
     ranks' output from their ssh sessions in the same loop that writes the lifeline into
     them, so a stdout that nobody reads must stop neither."""
     from tests.support.ranks import (
+        LIFELINE_S,
         hold_output,
         newest_step,
+        nothing_left,
         run_processes,
+        sigterm,
         stop_cause,
-        wait_until_gone,
     )
 
     run = tmp_path / "unread"
-    proc = spawn_over_ssh(
-        ssh_path, ["mac-a", "mac-b"], tiny_data, run, "--lifeline-timeout", "2", train=()
-    )
-    try:
-        hold_output(proc, 3 * 2)  # three lifeline timeouts with nothing read
+    opts = ("--lifeline-timeout", LIFELINE_S)
+    proc = spawn_over_ssh(ssh_path, ["mac-a", "mac-b"], tiny_data, run, *opts, train=())
+    with nothing_left(proc, run):
+        hold_output(proc, 2 * float(LIFELINE_S))  # two lifeline timeouts with nothing read
         assert newest_step(run) == 0 and len(run_processes(run)) >= 2  # no rank has stopped
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        wait_until_gone(run, timeout=0)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        out, _ = sigterm(proc)
     assert stop_cause(out, 100000) == "SIGTERM to fleet launch"
 
 

@@ -4,21 +4,21 @@ reaches ranks that start after it (real ranks, real signals, real process trees)
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from tests.support.fleet import spawn_launch
 from tests.support.ranks import (
+    LIFELINE_S,
     TINY,
     hold_output,
     last_update,
     newest_step,
+    nothing_left,
     run_processes,
+    sigterm,
     stop_cause,
     wait_for_checkpoint,
     wait_until_gone,
@@ -34,24 +34,6 @@ def start(tiny_data, run, grace: str = "60"):
         *("--checkpoint-every", "1", "--log-every", "1000"),
         launch_opts=("--stop-grace", grace),
     )
-
-
-@contextlib.contextmanager
-def nothing_left(proc, run) -> Iterator[None]:
-    """Whatever the block does (a failing assertion too), nothing of the run runs after it."""
-    try:
-        yield
-    finally:
-        proc.kill()
-        wait_until_gone(run, timeout=0)
-
-
-def sigterm(proc) -> tuple[str, str]:
-    """SIGTERM to fleet launch, and what it printed (stdout, stderr) until it ended by it."""
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    return out, err
 
 
 def test_sigkill_of_fleet_launch_stops_every_rank_with_a_checkpoint(tiny_data, tmp_path):
@@ -91,12 +73,12 @@ def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
     run = tmp_path / "run"
     proc = spawn_launch(
         *(2, tiny_data, run, *TINY, "--local-batches", "2,2", "--updates", "100000"),
-        launch_opts=("--lifeline-timeout", "2"),
+        launch_opts=("--lifeline-timeout", LIFELINE_S),
     )
     with nothing_left(proc, run):
-        hold_output(proc, 3 * 2)  # three lifeline timeouts with nothing read
+        hold_output(proc, 2 * float(LIFELINE_S))  # two lifeline timeouts with nothing read
         # Still training: no rank has stopped (a stop saves; the old code's ranks stopped for
-        # "a lost lifeline" two seconds after the pipe filled).
+        # "a lost lifeline" one timeout after the pipe filled).
         assert newest_step(run) == 0 and len(run_processes(run)) >= 2
         out, _ = sigterm(proc)
     assert stop_cause(out, 100000) == "SIGTERM to fleet launch"
