@@ -101,9 +101,10 @@ def wait_for_checkpoint(run, step: int, proc, timeout: float = 120) -> None:
 
 
 # A lifeline timeout short enough for a quick test, long enough for a loaded 2-core box: at 2 s
-# the lifeline was lost in 4 of 12 runs beside 3 busy loops, the output read all along and
-# nothing waiting in the rank's pipe (the line was late on the way); at 5 s in none of 6.
-LIFELINE_S = "5"
+# the lifeline was lost in 4 of 12 runs beside 3 busy loops, the output read all along (fleet
+# launch's sender, meant to say "alive" once a second, waited up to 2.26 s for a core); at 5 s
+# in none of 6.
+LIFELINE_S = 5
 
 
 @contextlib.contextmanager

@@ -299,10 +299,10 @@ def test_output_that_nobody_reads_does_not_stop_a_run_over_ssh(tmp_path, ssh_pat
     )
 
     run = tmp_path / "unread"
-    opts = ("--lifeline-timeout", LIFELINE_S)
+    opts = ("--lifeline-timeout", str(LIFELINE_S))
     proc = spawn_over_ssh(ssh_path, ["mac-a", "mac-b"], tiny_data, run, *opts, train=())
     with nothing_left(proc, run):
-        hold_output(proc, 2 * float(LIFELINE_S))  # two lifeline timeouts with nothing read
+        hold_output(proc, 2 * LIFELINE_S)  # two lifeline timeouts with nothing read
         assert newest_step(run) == 0 and len(run_processes(run)) >= 2  # no rank has stopped
         out, _ = sigterm(proc)
     assert stop_cause(out, 100000) == "SIGTERM to fleet launch"

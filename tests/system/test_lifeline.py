@@ -73,10 +73,10 @@ def test_output_that_nobody_reads_does_not_stop_the_run(tiny_data, tmp_path):
     run = tmp_path / "run"
     proc = spawn_launch(
         *(2, tiny_data, run, *TINY, "--local-batches", "2,2", "--updates", "100000"),
-        launch_opts=("--lifeline-timeout", LIFELINE_S),
+        launch_opts=("--lifeline-timeout", str(LIFELINE_S)),
     )
     with nothing_left(proc, run):
-        hold_output(proc, 2 * float(LIFELINE_S))  # two lifeline timeouts with nothing read
+        hold_output(proc, 2 * LIFELINE_S)  # two lifeline timeouts with nothing read
         # Still training: no rank has stopped (a stop saves; the old code's ranks stopped for
         # "a lost lifeline" one timeout after the pipe filled).
         assert newest_step(run) == 0 and len(run_processes(run)) >= 2
