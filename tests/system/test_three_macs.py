@@ -9,8 +9,10 @@ differs from three real Macs, and why:
   the real ~/.ssh/authorized_keys of this machine's user (the test sshd trusts its own key);
 - `scp` copies into a folder of the test's, not the other Macs' homes (here, this user's);
 - commands start with `python -m fleet.cli` of this checkout instead of `.venv/bin/fleet`,
-  `--starting-port` is a free one, the run is 12 updates instead of 300, and the
-  interactive console is run with `--once` while the run goes on.
+  `--starting-port` is a free one, the interactive console is run with `--once` while the
+  run goes on, and the run has no end of its own (the console must find it running on a
+  loaded box): once watched, it is stopped as the section says, with the stop the console's
+  `s` sends.
 """
 
 from __future__ import annotations
@@ -133,7 +135,11 @@ def test_the_three_macs_section_runs(tmp_path, macs):
 
     run_dir = home / "fleet-runs" / "three"
     launch = launch.replace("--hostfile hosts.json", port())
-    for flag, value in (("--updates", "12"), ("--eval-every", "6"), ("--checkpoint-every", "6")):
+    for flag, value in (
+        ("--updates", "100000"),
+        ("--eval-every", "6"),
+        ("--checkpoint-every", "6"),
+    ):
         launch = re.sub(rf"{flag} \d+", f"{flag} {value}", launch)
     line = launch.replace(".venv/bin/fleet", fleet).replace("hosts.json", str(hostfile))
     proc = subprocess.Popen(
@@ -149,15 +155,21 @@ def test_the_three_macs_section_runs(tmp_path, macs):
         watched = run(f"{console} --once --json --timeout 60", timeout=180)
         snap = json.loads(watched.stdout)
         assert snap["world"] == 3 and snap["live"] == 3, snap
+        sent = run(f"{fleet} telemetry send --run-dir ~/fleet-runs/three stop", timeout=120)
+        assert sent.stdout.startswith("stopped at update "), sent.stdout
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err[-3000:]
-    assert "done: 12 updates" in out
+    stopped = re.search(r"stopped at update (\d+) of 100000 \(.*\); checkpoint (\S+);", out)
+    assert stopped, out[-3000:]
+    updates = int(stopped.group(1))
+    assert stopped.group(2).endswith(f"step-{updates:06d}")
+    assert "--resume latest --run-dir" in out
 
     gathered = run(gather, timeout=180)
     assert "gathered" in gathered.stdout and "from 3 hosts" in gathered.stdout
     reported = run(report, timeout=120)
-    assert f"{home / 'fleet-logs' / 'three'}: 3 rank(s), 12 updates" in reported.stdout
+    assert f"{home / 'fleet-logs' / 'three'}: 3 rank(s), {updates} updates" in reported.stdout
