@@ -96,11 +96,14 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_the_launchers_loop_sleeps_while_a_rank_s_input_is_always_writable():
+def test_the_launchers_loop_sleeps_while_a_rank_s_input_is_always_writable(monkeypatch):
     # mlx.launch selects on each rank's stdin for writing: a pipe always is, so its loop spun
     import select
     import types
 
+    # a calm ten times the product's, so that "at once" stands out from "waited" on a box
+    # loaded enough to hold a thread back for tens of ms
+    monkeypatch.setattr(lifeline, "CALM_S", 0.5)
     launch = types.SimpleNamespace(select=select.select)
     lifeline._calm(launch)
     out_r, out_w = os.pipe()  # the rank's output: nothing yet
