@@ -3,11 +3,15 @@ what was written reaches the reader in order once it reads (real pipes, real thr
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import re
 import subprocess
 import sys
+import termios
 import threading
+import time
 
 from tests.support.fleet import fleet_env
 from trainer.launch import spool
@@ -54,11 +58,21 @@ def test_writes_go_on_while_nothing_reads_and_arrive_whole_once_read():
     assert delivered(s, read_end, fd) == b"".join(LINE % i for i in range(lines))
 
 
+def unread(fd: int) -> int:
+    """Bytes written to the pipe `fd` that its reader has not taken yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
 def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
     read_end, fd = os.pipe()
     s = spool.Spool(fd, cap=50_000)
     lines = 8000  # 640 KB
     assert write_in_time(fd, lines)
+    deadline = time.monotonic() + 10
+    while unread(fd) and time.monotonic() < deadline:  # the spool has taken its pipe in
+        time.sleep(0.01)
     written = b"".join(LINE % i for i in range(lines))
     out = delivered(s, read_end, fd)
     # a note goes before the first chunk written after a drop: while the writer is slower
@@ -75,8 +89,8 @@ def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
         end = at + len(segment)
     assert end == len(written)  # to the last line
     # held while nothing read: what the target's pipe took, the chunk being written to it
-    # when it blocked, and what the spool kept (its cap or one chunk, taken in twice where
-    # the last read was taken in while the writer drained)
+    # when it blocked, what the spool kept (its cap, or one chunk where a chunk is larger),
+    # and its last read if that was taken in only once the writer drained (one chunk)
     assert sum(map(len, segments)) <= (2 << 16) + 2 * max(50_000, 1 << 16) < len(written)
 
 
