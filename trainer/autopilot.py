@@ -494,25 +494,22 @@ def unjustified(
         for t in takers:
             noise = math.hypot(est[d].se, est[t].se)
             young = min(est[d].n, est[t].n) < SETTLED
-            # Ranks read as one cost are equals whose fixed parts, each capped at its own
-            # batch, may differ: the giver must have had more samples than the taker will, or
-            # those parts alone make a gain (session 29's run C, gradual16 r0 at 36: rank 0 at
-            # 5 samples, read at a part of 4.76, gave one to rank 1 at 4, read at 4). Equals
-            # as read, not as re-read at a larger part: there a rank twice as dear, left 2
-            # samples and read at 9.5 where its peer at 4 is read at 4, looks its peer's equal
-            # and still gains by giving (the simulator's SIX, moving16).
-            if group[d] == group[t] and split[d] <= new[t]:
+            # Between equals only the batches can justify a move (the giver had more samples
+            # than the taker will): a swap between equals is never made. Equals are ranks
+            # read as one cost, or settled ranks whose costs agree at `fixed`. The first
+            # because each rank's fixed part is capped at its own batch, and those parts
+            # alone can make a gain (session 29's run C, gradual16 r0 at 36: rank 0 at 5
+            # samples, read at a part of 4.76, gave one to rank 1 at 4, read at 4). As read,
+            # not as re-read at a larger part: there a rank twice as dear, left 2 samples and
+            # read at 9.5 where its peer at 4 is read at 4, looks its peer's equal and still
+            # gains by giving (the simulator's SIX, moving16).
+            agree = not young and abs(math.log(costs[d] / costs[t])) < Z_AGREE * noise
+            if (group[d] == group[t] or agree) and split[d] <= new[t]:
                 return f"ranks {d} and {t} cost the same within the noise"
             if young:  # a cost read from few figures: only clear evidence moves samples
                 if math.log(before[d] / after[t]) < Z_YOUNG * noise:
                     return f"rank {d} is not clearly slower than rank {t}"
-            elif abs(math.log(costs[d] / costs[t])) < Z_AGREE * noise:
-                # Between ranks whose costs agree within the noise, only the batches can say
-                # so (the giver had more samples than the taker will): a swap between equals
-                # is never made.
-                if split[d] <= new[t]:
-                    return f"ranks {d} and {t} cost the same within the noise"
-            elif before[d] <= after[t]:
+            elif not agree and before[d] <= after[t]:
                 return f"rank {t} would end slower than rank {d} began"
     return ""
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 from telemetry.ports import free_loopback_base
@@ -15,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout
 def free_port(count: int = 1) -> int:
     """A loopback port with `count` consecutive free ports from it."""
     return free_loopback_base(count)
+
+
+def unread(pipe) -> int:
+    """Bytes written to a pipe (a descriptor of either end, or its file) and not read yet."""
+    fd = pipe if isinstance(pipe, int) else pipe.fileno()
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 def fleet_env(**extra: str) -> dict[str, str]:

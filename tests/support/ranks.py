@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import signal
-import struct
 import subprocess
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import psutil
 
-from tests.support.fleet import launch_args, run_fleet, spawn_launch
+from tests.support.fleet import launch_args, run_fleet, spawn_launch, unread
 from trainer.checkpoint import catalog
 
 TINY = [
@@ -135,11 +132,6 @@ def hold_output(proc: subprocess.Popen, seconds: float, timeout: float = 120) ->
         held = now
         time.sleep(1.0)
     time.sleep(seconds)
-
-
-def unread(pipe) -> int:
-    """Bytes waiting in `pipe` (its reader's end)."""
-    return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 def stop_cause(out: str, updates: int) -> str:

@@ -3,17 +3,14 @@ what was written reaches the reader in order once it reads (real pipes, real thr
 
 from __future__ import annotations
 
-import array
-import fcntl
 import os
 import re
 import subprocess
 import sys
-import termios
 import threading
 import time
 
-from tests.support.fleet import fleet_env
+from tests.support.fleet import fleet_env, unread
 from trainer.launch import spool
 
 LINE = b"step %6d/100000 | loss 2.7191 | 19.5k tok/s | peak 3.8 MiB | lr 4.45e-04 | 7 ms\n"
@@ -56,13 +53,6 @@ def test_writes_go_on_while_nothing_reads_and_arrive_whole_once_read():
     lines = 4000  # about 330 KB: five times what the pipe holds
     assert write_in_time(fd, lines)  # without the spool the writer blocks at about 800
     assert delivered(s, read_end, fd) == b"".join(LINE % i for i in range(lines))
-
-
-def unread(fd: int) -> int:
-    """Bytes written to the pipe `fd` that its reader has not taken yet."""
-    count = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, count)
-    return count[0]
 
 
 def test_past_its_cap_the_oldest_output_goes_and_a_line_says_how_much():
