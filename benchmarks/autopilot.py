@@ -20,7 +20,11 @@ Each against: the even split fixed; the best fixed split in hindsight (of the sp
 slowdown schedule, known afterwards, makes fastest over the run or over a phase, for each fixed
 part in --plan-fixed, each run fixed: the one that measured fastest); and the oracle (for each
 phase, the fastest of those runs over that phase's updates, as if switched to at the right
-update). Throughput counts updates 5 on (the first compile is nobody's). Reaction: updates run
+update). Throughput counts updates 5 on (the first compile is nobody's), by the wall time from
+the end of one update to the end of the next (`step_s`): the update, and the boundary before it,
+where the control exchanges run (two where the pilot announced a decision), a move is applied
+and the pilot reads its figures. Files from before session 32 kept only each update's own time
+(`update_s`, without the boundary) and are judged by it. Reaction: updates run
 on the old split after a change of the schedule, or "kept" where the split in place was already
 within 2% of the phase's best (by the schedule on this box's model, `kept`, as the simulator
 judges). Moves between equal ranks: samples moved from a rank to one whose (simulated) cost did
@@ -136,9 +140,11 @@ def run(
     # replayed from this file (benchmarks/pilot_replay.py FILE --run NAME/ARM/REPEAT)
     ranks = {r: {x["step"]: x for x in read_updates(out, r).to_pylist()} for r in log_ranks(out)}
     steps = sorted(set.intersection(*(set(v) for v in ranks.values()))) if ranks else []
+    ends = {r["step"]: r["time"] for r in rows}  # rank 0's clock as each update ended
     return {
         "split": split,
         "update_s": {r["step"]: r["update_s"] for r in rows},
+        "step_s": {s: round(end - ends[s - 1], 6) for s, end in ends.items() if s - 1 in ends},
         "tokens": {r["step"]: r["update_tokens"] for r in rows},
         "figures": {
             t: [[ranks[r][t]["local_batch"], round(ranks[r][t]["compute_s"], 6)] for r in ranks]
@@ -149,9 +155,16 @@ def run(
     }
 
 
+def clock(result: dict) -> dict:
+    """Each update's seconds as throughput counts them: from the end of the update before
+    (`step_s`), or the update's own time where a file from before session 32 has only that."""
+    return result.get("step_s") or result["update_s"]
+
+
 def throughput(result: dict, steps) -> float:
-    steps = [s for s in steps if s in result["update_s"]]
-    return sum(result["tokens"][s] for s in steps) / sum(result["update_s"][s] for s in steps)
+    seconds = clock(result)
+    steps = [s for s in steps if s in seconds]
+    return sum(result["tokens"][s] for s in steps) / sum(seconds[s] for s in steps)
 
 
 def unjustified(changes, factors_at, lag: int = 0) -> int:
@@ -382,8 +395,9 @@ def resummarized(path: Path, plan_fixed) -> dict:
     runs = record["runs"]
     for arms in runs.values():
         for r in (r for reps in arms.values() for r in reps if r is not None):
-            for key in ("tokens", "update_s"):  # JSON made the update numbers strings
-                r[key] = {int(s): v for s, v in r.get(key, {}).items()}
+            for key in ("tokens", "update_s", "step_s"):  # JSON made the update numbers strings
+                if key in r:
+                    r[key] = {int(s): v for s, v in r[key].items()}
     equal = record.get("summary", {}).get("equal", {}).get("updates", 500)
     lag = record.get("slowdown_lag", LAG_BEFORE)
     return summarize(plan(set(runs), plan_fixed, lag), runs, equal, plan_fixed, lag)
@@ -565,8 +579,9 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
 
             def measured(arm: str, steps, name=name, rep=rep) -> tuple[float, float]:
                 r = results[name][arm][rep]
-                steps = [s for s in steps if s in r["update_s"]]
-                return sum(r["tokens"][s] for s in steps), sum(r["update_s"][s] for s in steps)
+                seconds = clock(r)
+                steps = [s for s in steps if s in seconds]
+                return sum(r["tokens"][s] for s in steps), sum(seconds[s] for s in steps)
 
             fixed_arms = [a for a in arms if a != "pilot"]
             best = max(fixed_arms, key=lambda a: throughput(results[name][a][rep], whole))
@@ -604,8 +619,10 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
         def spread(key: str, rows=rows) -> dict:
             return _spread([r[key] for r in rows])
 
+        every = [r for runs in results[name].values() for r in runs if r is not None]
         summary[name] = {
             "schedule": slow,
+            "clock": "step_s" if all("step_s" in r for r in every) else "update_s",
             "arms": {a: s for a, s in arms.items() if a != "pilot"},
             "best_fixed": [r["best_fixed"] for r in rows],
             "vs_best_fixed": spread("vs_best_fixed"),

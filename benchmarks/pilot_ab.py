@@ -8,8 +8,10 @@ scenarios (default `moving16`), and its equal ranks (`equal`: none slowed, 500 u
 Four CPU ranks over ring (as benchmarks/autopilot.py: depth 2, width 128, its slowdown
 schedules), `--autopilot` on, each tree running its own trainer; the trees alternate in each
 repeat so a busy spell of the machine hits both. Prints one JSON line a run: tokens/s from
-update 5 on, the moves, and the samples moved between ranks that the schedule did not make
-faster (autopilot.unjustified).
+update 5 on (by the wall time from the end of one update to the end of the next, boundaries
+included: `tok_s`; by the updates' own time alone, as before session 32: `tok_s_updates_alone`),
+the moves, and the samples moved between ranks that the schedule did not make faster
+(autopilot.unjustified).
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--simulate-slowdown", {slow!r}, "--autopilot")
 run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
           timeout=900)
-rows = [r for r in read_updates({str(out)!r}, 0).to_pylist() if r["step"] >= {FROM}]
+every = read_updates({str(out)!r}, 0).to_pylist()
+ends = {{r["step"]: r["time"] for r in every}}
+rows = [r for r in every if r["step"] >= {FROM} and r["step"] - 1 in ends]
 moves = [(e.step, e.data.get("from"), e.data.get("to"))
          for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
-tokens, seconds = sum(r["update_tokens"] for r in rows), sum(r["update_s"] for r in rows)
-print(json.dumps({{"tok_s": tokens / seconds, "moves": moves}}))
+tokens = sum(r["update_tokens"] for r in rows)
+wall = sum(ends[r["step"]] - ends[r["step"] - 1] for r in rows)
+own = sum(r["update_s"] for r in rows)
+print(json.dumps({{"tok_s": tokens / wall, "tok_s_updates_alone": tokens / own, "moves": moves}}))
 """
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

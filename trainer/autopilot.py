@@ -176,16 +176,27 @@ class Autopilot:
         return out
 
     def may_decide(self) -> bool:
-        """Whether the next boundary's figures may bring a move for speed, so that the
-        controller makes room to apply it at that boundary (trainer/controller.py): a rank
-        whose cost moved since the last change is read from few figures yet (its new regime
-        awaits confirmation, or the error of its estimate is still shrinking fast), or a
-        proposal awaits its second look. Other moves (the memory guard's, or one that a long
-        regime's error allows at last) are applied a boundary later."""
+        """Whether the next boundary's figures may well bring a move for speed, so that the
+        controller makes room to apply it at that boundary (trainer/controller.py): a
+        proposal awaits its second look, a rank's new speed is one agreeing figure from
+        confirmation, or a rank's confirmed new speed is read from few figures yet (the error
+        of its estimate still shrinks fast). Other moves (the memory guard's, one that a long
+        regime's error allows at last, or one that comes while a new speed is further from
+        confirmation) are applied a boundary later.
+
+        Making room costs a second exchange, tens of ms where ranks outnumber cores
+        (benchmarks/control_exchange.py). In sessions 28-30's 48 real runs with a slowdown,
+        announcing also while a young new speed was further from confirmation announced 25%
+        of the boundaries (equal ranks: 12%), and 4 of the 112 moves made came there."""
         if not self.enabled:
             return False
-        young = any(self.costs.n(r) < SETTLED for r in self.fresh)
-        return self.streak is not None or young
+        if self.streak is not None:
+            return True
+        costs = self.costs
+        return any(
+            costs.n(r) < SETTLED if costs.confirmed(r) else costs.confirmed_by_next(r)
+            for r in self.fresh
+        )
 
     # --- memory -------------------------------------------------------------------------------
     def _pressed(self, figures: list[RankFigures]) -> dict[int, str]:

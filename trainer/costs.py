@@ -304,11 +304,16 @@ class Costs:
     def nearly(self, r: int, alpha: float) -> bool:
         """Whether one more figure that agrees would confirm rank r's young shift, or take
         its chance to be spikes (`spike_chance`) to at most `alpha`."""
-        shift = self._young(r)
-        if shift is None:
+        if self._young(r) is None:
+            return False
+        return self.confirmed_by_next(r) or self.spike_chance(r, 1) <= alpha
+
+    def confirmed_by_next(self, r: int) -> bool:
+        """Whether one more figure that agrees would confirm rank r's young shift."""
+        if self._young(r) is None:
             return False
         _, after, agree = self._after(r)
-        return _confirms(after + 1, agree + 1, self._needed(r)) or self.spike_chance(r, 1) <= alpha
+        return _confirms(after + 1, agree + 1, self._needed(r))
 
     def _needed(self, r: int) -> int:
         """The figures after those that showed rank r's young shift that must agree to

@@ -95,6 +95,38 @@ def test_the_pilot_announces_the_boundary_of_a_move_for_a_slowdown():
     assert not any(announced[:40])
 
 
+def test_a_young_new_speed_is_announced_only_one_agreeing_figure_from_confirmation():
+    """Each announced boundary costs a second exchange, tens of ms where ranks outnumber
+    cores. On spiky ranks (1.6x in one figure of 8) a 1.5x slowdown is read from the median
+    of 2-4 figures and waits for 3 more to confirm it: the pilot announces where the next
+    figure may bring the move, not at every figure of a young shift (or of a spike's, which
+    two figures back at the old level undo). Over 8 seeds every slowdown is answered, 7 of
+    the 8 moves at an announced boundary (the eighth waited for a settled regime, as before),
+    and 7 of 17 announced boundaries bring a move (before: 7 of 56)."""
+    announced_in_all, moves, announced_moves = 0, [], 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        pilot, split = Autopilot(4, enabled=True), [4, 4, 4, 4]
+        for step in range(90):
+            costs = [0.01, 0.01, 0.015 if step >= 60 else 0.01, 0.01]
+            figures = [
+                RankFigures(b, 0.002 + c * b * rng.uniform(0.95, 1.05) * spike, GiB, 0, 0, None)
+                for c, b in zip(costs, split, strict=True)
+                for spike in [1.6 if rng.random() < 0.12 else 1.0]
+            ]
+            announced = pilot.may_decide()
+            announced_in_all += announced
+            for cmd, args in pilot.observe(split, figures).commands:
+                if cmd == "rebalance":
+                    moves.append((seed, step))
+                    announced_moves += announced
+                    split = args["split"]
+    assert sorted({seed for seed, _ in moves}) == list(range(8))
+    assert all(step >= 60 for _, step in moves), moves
+    assert announced_moves >= 3 * len(moves) / 4, (announced_moves, moves)
+    assert announced_moves / announced_in_all >= 1 / 3, (announced_moves, announced_in_all)
+
+
 def test_the_memory_guard_moves_samples_off_a_pressed_rank():
     pilot = Autopilot(3, enabled=True)
     split, decided = [3, 3, 3], []
@@ -302,11 +334,15 @@ def kept(name: str) -> dict:
 
 
 def replayed(
-    trace: dict, pilot: Autopilot, moves_at_most: int = 1 << 30, reasons: list | None = None
+    trace: dict,
+    pilot: Autopilot,
+    moves_at_most: int = 1 << 30,
+    reasons: list | None = None,
+    late: list | None = None,
 ) -> list[list]:
     """The moves `pilot` makes on a kept trace's figures, [update, from, to] as the run logs
     them (at the boundary it said it may decide on, else the next); their reasons are added
-    to `reasons`."""
+    to `reasons`, and the indices of those applied a boundary late (not announced) to `late`."""
     moves: list[list] = []
     for step, row in enumerate(trace["figures"], trace["first_update"]):
         split, figures = traced(row)
@@ -314,12 +350,24 @@ def replayed(
         decision = pilot.observe(split, figures)
         at = step if announced else step + 1
         moved = [a for cmd, a in decision.commands if cmd == "rebalance"]
+        if late is not None and not announced:
+            late += range(len(moves), len(moves) + len(moved))
         moves += [[at, split, a["split"]] for a in moved]
         if reasons is not None:
             reasons += [a["reason"] for a in moved]
         if len(moves) >= moves_at_most:
             break
     return moves
+
+
+def as_run(moves: list[list], logged: list[list], late: list[int]) -> bool:
+    """Whether a replay's moves are the run's: the same splits, each applied at the update
+    the run logged, or the one after where this pilot decided it at a boundary it had not
+    announced (since session 32 it announces only where a move is likely: may_decide)."""
+    return len(moves) == len(logged) and all(
+        m[1:] == g[1:] and m[0] == g[0] + (i in late)
+        for i, (m, g) in enumerate(zip(moves, logged, strict=True))
+    )
 
 
 def traced(row: list) -> tuple[list[int], list[RankFigures]]:
@@ -341,8 +389,9 @@ def test_on_real_figures_a_rank_left_one_sample_gets_its_share_back_in_one_move(
     monkeypatch.setattr(autopilot, "BET_ALPHA", 0.0)
     trace = kept("moving16_s17")
     pilot = Autopilot(4, enabled=True)
-    moves = replayed(trace, pilot, moves_at_most=4)
-    assert moves[:3] == trace["changes"][:3]
+    late: list[int] = []
+    moves = replayed(trace, pilot, moves_at_most=4, late=late)
+    assert as_run(moves[:3], trace["changes"][:3], late), moves
     assert moves[3][2] == [5, 5, 1, 5] and moves[3][0] <= 60, moves
     assert 0.1 <= pilot.fixed()[0] <= 1.0
 
@@ -355,8 +404,9 @@ def test_a_rank_that_recovers_as_another_slows_is_taken_at_its_new_speed():
     pilot held rank 0 at 1: 1,7,2,6, and 5,5,1,5 seven updates later)."""
     trace = kept("moving16_s17")
     reasons: list[str] = []
-    moves = replayed(trace, Autopilot(4, enabled=True), moves_at_most=3, reasons=reasons)
-    assert moves[:2] == trace["changes"][:2]
+    late: list[int] = []
+    moves = replayed(trace, Autopilot(4, enabled=True), 3, reasons, late)
+    assert as_run(moves[:2], trace["changes"][:2], late), moves
     assert moves[2] == [53, [1, 5, 5, 5], [5, 5, 1, 5]], moves
     assert "rank(s) 0 taken at a new speed not yet confirmed" in reasons[2]
 
@@ -396,14 +446,15 @@ def test_on_real_figures_a_slow_rank_left_one_sample_is_not_given_more_on_a_fit_
     sooner: rank 3's slowdown read against all ranks' records; the replay proposes it again
     until the trace's split follows at 38), but for the first one's split."""
     trace = kept("gradual16_s19")
-    moves = replayed(trace, Autopilot(4, enabled=True), moves_at_most=9)
+    late: list[int] = []
+    moves = replayed(trace, Autopilot(4, enabled=True), moves_at_most=9, late=late)
     # the first leaves rank 3, 1.5x as slow and read from few figures, 2 samples where the
     # run's pilot left it 3: what fits at the high end of its cost (see
     # test_a_rank_that_gives_is_left_what_fits_at_the_high_end_of_its_cost)
     assert moves[0] == [29, [4, 4, 4, 4], [5, 5, 4, 2]], moves
     for at, old, new in trace["changes"][1:4]:
-        first = next(m for m in moves if m[1] == old)
-        assert first[2] == new and first[0] <= at, moves
+        i, first = next((i, m) for i, m in enumerate(moves) if m[1] == old)
+        assert first[2] == new and first[0] <= at + (i in late), moves
     first = next(m for m in moves if m[1] == [4, 4, 7, 1])
     assert first[2][3] <= 2, moves
 
