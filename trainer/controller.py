@@ -124,8 +124,9 @@ class Controller:
             # What the pilot just decided on these figures is applied at this boundary, not
             # the next: every update on the old split costs the slowed rank's whole excess.
             # It takes a second tiny all-reduce, so only where rank 0 said that its pilot may
-            # decide (a rank's new cost awaits confirmation, or a proposal its second look):
-            # with more ranks than cores one costs tens of ms (benchmarks/control_exchange.py).
+            # well decide (a rank's new cost is one figure from confirmation or read from few
+            # yet, or a proposal awaits its second look): with more ranks than cores one costs
+            # tens of ms (benchmarks/control_exchange.py).
             pending, name, payload, reason = self._next_command(split)
             name, payload, _ = self.cluster.broadcast_command(name, payload)
         self._follow(name)
