@@ -140,18 +140,27 @@ def run(
     # replayed from this file (benchmarks/pilot_replay.py FILE --run NAME/ARM/REPEAT)
     ranks = {r: {x["step"]: x for x in read_updates(out, r).to_pylist()} for r in log_ranks(out)}
     steps = sorted(set.intersection(*(set(v) for v in ranks.values()))) if ranks else []
-    ends = {r["step"]: r["time"] for r in rows}  # rank 0's clock as each update ended
     return {
         "split": split,
-        "update_s": {r["step"]: r["update_s"] for r in rows},
-        "step_s": {s: round(end - ends[s - 1], 6) for s, end in ends.items() if s - 1 in ends},
-        "tokens": {r["step"]: r["update_tokens"] for r in rows},
+        **timings(rows),
         "figures": {
             t: [[ranks[r][t]["local_batch"], round(ranks[r][t]["compute_s"], 6)] for r in ranks]
             for t in steps
         },
         "wall_s": round(time.monotonic() - t0, 1),
         "changes": [(e.step, e.data.get("from"), e.data.get("to")) for e in moves],
+    }
+
+
+def timings(rows: list[dict]) -> dict:
+    """From rank 0's logged updates: each one's own seconds (`update_s`), its wall seconds
+    from the end of the update before (`step_s`: the boundary before it included), and its
+    tokens, by update number."""
+    ends = {r["step"]: r["time"] for r in rows}  # rank 0's clock as each update ended
+    return {
+        "update_s": {r["step"]: r["update_s"] for r in rows},
+        "step_s": {s: round(end - ends[s - 1], 6) for s, end in ends.items() if s - 1 in ends},
+        "tokens": {r["step"]: r["update_tokens"] for r in rows},
     }
 
 

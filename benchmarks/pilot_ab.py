@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopilot import FROM, MODEL, SCENARIOS, schedule, unjustified
+from autopilot import FROM, MODEL, SCENARIOS, schedule, throughput, timings, unjustified
 
 # as benchmarks/autopilot.py runs its equal ranks: a schedule that slows no rank
 RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500)}
@@ -44,15 +44,11 @@ train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--simulate-slowdown", {slow!r}, "--autopilot")
 run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
           timeout=900)
-every = read_updates({str(out)!r}, 0).to_pylist()
-ends = {{r["step"]: r["time"] for r in every}}
-rows = [r for r in every if r["step"] >= {FROM} and r["step"] - 1 in ends]
+keep = ("step", "time", "update_s", "update_tokens")
+rows = [{{k: r[k] for k in keep}} for r in read_updates({str(out)!r}, 0).to_pylist()]
 moves = [(e.step, e.data.get("from"), e.data.get("to"))
          for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
-tokens = sum(r["update_tokens"] for r in rows)
-wall = sum(ends[r["step"]] - ends[r["step"] - 1] for r in rows)
-own = sum(r["update_s"] for r in rows)
-print(json.dumps({{"tok_s": tokens / wall, "tok_s_updates_alone": tokens / own, "moves": moves}}))
+print(json.dumps({{"rows": rows, "moves": moves}}))
 """
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -60,8 +56,12 @@ print(json.dumps({{"tok_s": tokens / wall, "tok_s_updates_alone": tokens / own, 
     if proc.returncode != 0:
         return {**head, "error": proc.stderr[-1500:]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
+    timed, steps = timings(res.pop("rows")), range(FROM, updates)
+    alone = {"update_s": timed["update_s"], "tokens": timed["tokens"]}
+    speed = {"tok_s": throughput(timed, steps), "tok_s_updates_alone": throughput(alone, steps)}
     judged = unjustified(res["moves"], schedule(slow)[1])
-    return {**head, **res, "unjustified": judged, "wall_s": round(time.monotonic() - t0, 1)}
+    wall = round(time.monotonic() - t0, 1)
+    return {**head, **speed, **res, "unjustified": judged, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
