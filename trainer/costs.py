@@ -12,7 +12,9 @@ Three things make the figures of one update a poor guide, each answered here:
   figures since its cost last moved form its *regime*. When its newest `recent` figures sit
   on one side of the regime's median, further than the noise allows (`z` standard errors,
   and at least `min_shift`), a new regime starts with them: a change is read within
-  `recent` updates instead of being averaged with the past. A change far beyond the noise
+  `recent` updates instead of being averaged with the past (a slow rank's recovery also
+  where its newest figures fall below every one of its regime: by rank order, not by a
+  scatter that a rank slowed at a small batch widens). A change far beyond the noise
   is read sooner, from as few as `fast` figures in a row that are each out of the regime,
   where the rank's own record says so many outliers in a row are not its spikes (the
   share of its last `RECORD` figures that were out on that side, to the power of the run,
@@ -463,6 +465,22 @@ class Costs:
                 share, least = self._share(r, side, but=k), min(side * (x - mid) for x in q[-k:])
                 if least > bar and share**k <= FAST_ALPHA:
                     return k, self._confirming(r, side, k, least, share)
+        # A slow rank's recovery, read by rank order where its scatter hides it: `k` figures
+        # below every figure of its regime before them (by chance, where nothing changed,
+        # 1 in C(n + k, k)) and their median `min_shift` down. A rank slowed at a small batch
+        # can scatter widely (session 32's run F, transient16: 3x at 1 sample, 0.040-0.118 s,
+        # a log scatter of 0.45); back at 0.021-0.035 s, it was inside the bar above and read
+        # only as its regime's median crossed, 9 updates on. Only for a rank slower than its
+        # peers (its level over `min_shift`): one at their speed that runs fast for a while
+        # is a fast spell (SPELL), which this would read within a few figures.
+        for k in range(self.fast + 1, self.recent + 1):
+            ref, new = reference(k), q[-k:]
+            if math.comb(len(ref) + k, k) * FAST_ALPHA < 1:
+                continue
+            level = statistics.median(ref)
+            below = max(new) < min(ref) and level - statistics.median(new) > self.min_shift
+            if level > self.min_shift and below:
+                return k, CONFIRM_MEDIAN
         ref, new = reference(self.recent), q[-self.recent :]
         if len(ref) < 3:
             return 0, 0
