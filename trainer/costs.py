@@ -163,6 +163,9 @@ class Costs:
         # Where each rank's last confirmed shift to slower than any level it held long began
         # (an update number; None: none yet)
         self.slowed_at: list[int | None] = [None] * world
+        # Each rank's regime's scatter, with the regime it was read from (`_spread_of`): the
+        # pilot asks for it dozens of times a boundary (`sigma`), a regime changes once
+        self._spreads: dict[int, tuple[tuple[int, ...], float | None]] = {}
 
     @property
     def fixed(self) -> float:
@@ -192,6 +195,7 @@ class Costs:
     def _reread(self) -> None:
         """Read every kept update's figures again, at the fixed part as it now stands."""
         self.values = {u: self._value(*self.figures[u]) for u in self.figures}
+        self._spreads.clear()
 
     def part(self, batch: int) -> float:
         """The fixed part a figure at `batch` is read at."""
@@ -419,13 +423,24 @@ class Costs:
         every figure, and would hide the shift it shows (session 16's recoveries). A regime
         that began at a restart can be half at a new level within 5 figures: its own MAD is
         then about the shift, and would hide it."""
-        regimes = {q: self._regime(q) for q in range(self.world)}
+        spreads = {q: self._spread_of(q) for q in range(self.world)}
         if but:  # the figures being judged would widen the scatter that judges them
-            regimes[r] = regimes[r][:-but]
-        own = {q: _spread(x) for q, x in regimes.items() if len(x) >= MIN_SPREAD_N}
+            judged = self._regime(r)[:-but]
+            spreads[r] = _spread(judged) if len(judged) >= MIN_SPREAD_N else None
+        own = {q: x for q, x in spreads.items() if x is not None}
         pooled = statistics.median(own.values()) if own else SIGMA_PRIOR
         mine = own.get(r, self.carried[r])
         return max(pooled if mine is None else mine, pooled, SIGMA_FLOOR)
+
+    def _spread_of(self, r: int) -> float | None:
+        """Rank r's regime's scatter (None under MIN_SPREAD_N figures), read again only when
+        its regime or the reading of the figures (`fixed`) changed."""
+        key = tuple(self.regimes[r])
+        kept = self._spreads.get(r)
+        if kept is None or kept[0] != key:
+            q = self._regime(r)
+            kept = self._spreads[r] = (key, _spread(q) if len(q) >= MIN_SPREAD_N else None)
+        return kept[1]
 
     def estimate(self, r: int) -> Estimate | None:
         """Rank r's relative cost per sample in its regime, or None without figures."""

@@ -983,8 +983,9 @@ def test_a_slow_rank_s_recovery_is_read_by_rank_where_its_scatter_hides_it():
     """Session 32's run F, transient16 repeat 1: rank 1, 3x at 1 sample, took 0.040-0.118 s
     (a log scatter of 0.45, as uniform as not); back at 0.021-0.035 s from update 60, below
     every figure of its regime but inside the bar its scatter set, it was read only as the
-    regime's median crossed, and its samples went back at 70. Three figures below all of
-    twenty are 1 in 1,140 by chance: read by the third (main: 9 of 20 not within 12)."""
+    regime's median crossed, and its samples went back at 70. That the newest three of twenty
+    figures are its three lowest is 1 in 1,140 by chance: read by the third (main: 9 of 20
+    not within 12)."""
     read = [read_after(0.9, 0.6, 0.0, seed) for seed in range(20)]
     assert all(n is not None and n <= 3 for n in read), read
 
