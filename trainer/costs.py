@@ -45,6 +45,7 @@ Python (no mlx).
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -152,6 +153,9 @@ class Costs:
         # Each rank's record: update -> how far a figure out of its regime was (log units,
         # + above, - below), else 0; the figures of a confirmed shift are not spikes: 0
         self.record: list[dict[int, float]] = [{} for _ in range(world)]
+        # ...and its outliers on each side, how far out, in order (`_outs`): a share is read
+        # over all ranks' records several times a boundary; a record changes once
+        self._sorted: dict[tuple[int, int], list[float]] = {}
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
         # Each rank's scatter in its last regime of CARRIED_N figures or more: a rank's
         # noise does not start over with its batch or its speed, and a young regime's own
@@ -250,26 +254,43 @@ class Costs:
         record[self.regimes[r][-1]] = off if abs(off) > bar else 0.0
         if len(record) > RECORD:
             del record[min(record)]
+        self._forget_outs(r)
 
     def _share(self, r: int, side: int, but: int = 0, size: float = 0.0) -> float:
         """The share of rank r's figures out of their regime on `side` (+1 above, -1
         below), at least `size` out, with one more assumed, leaving out its newest `but`
         figures (the run being judged): what its record says of a figure's chance to be out
         (that far); for a slow side, shrunk toward all ranks' records (`POOL_N`)."""
-        last = set(list(self.regimes[r])[len(self.regimes[r]) - but :]) if but else set()
-
-        def out(offs: list[float]) -> int:
-            return sum(side * off > 0 and side * off >= size for off in offs)
-
-        offs = [off for u, off in self.record[r].items() if u not in last]
-        if side < 0 or len(offs) < POOL_FROM:
-            return (out(offs) + 1) / (len(offs) + 2)
-        every = offs + [off for q in range(self.world) if q != r for off in self.record[q].values()]
-        pooled = (out(every) + 1) / (len(every) + 2)
-        shrunk = (out(offs) + POOL_N * pooled) / (len(offs) + POOL_N)
+        record = self.record[r]
+        left = [
+            record[u] for u in list(self.regimes[r])[len(self.regimes[r]) - but :] if u in record
+        ]
+        held = len(record) - len(left)
+        out = self._outs(r, side, size) - sum(side * off > 0 and side * off >= size for off in left)
+        if side < 0 or held < POOL_FROM:
+            return (out + 1) / (held + 2)
+        others = [q for q in range(self.world) if q != r]
+        every = held + sum(len(self.record[q]) for q in others)
+        pooled = (out + sum(self._outs(q, side, size) for q in others) + 1) / (every + 2)
+        shrunk = (out + POOL_N * pooled) / (held + POOL_N)
         # Far out, a rank's own figures hold few or none: shrunk toward them, the share would
         # read low (the simulator's 2-6x spikes then moved samples between equal ranks).
         return max(shrunk, pooled) if size else shrunk
+
+    def _outs(self, r: int, side: int, size: float) -> int:
+        """How many figures of rank r's record are out on `side`, at least `size` out."""
+        key = (r, side)
+        if key not in self._sorted:
+            self._sorted[key] = sorted(
+                side * off for off in self.record[r].values() if side * off > 0
+            )
+        far = self._sorted[key]
+        return len(far) - bisect.bisect_left(far, size)
+
+    def _forget_outs(self, r: int) -> None:
+        """Rank r's record changed: its outliers are counted again when next asked."""
+        self._sorted.pop((r, 1), None)
+        self._sorted.pop((r, -1), None)
 
     def _confirm(self, r: int) -> None:
         """Confirm rank r's young shift, undo it, or leave it pending (module docstring)."""
@@ -285,6 +306,7 @@ class Costs:
             for u in self.regimes[r]:  # the new level's figures were no spikes
                 if u in self.record[r]:
                     self.record[r][u] = 0.0
+            self._forget_outs(r)
         elif after - agree >= 2:  # spikes: the old regime goes on, with them
             now = list(self.regimes[r])
             self.regimes[r].clear()
