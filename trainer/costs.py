@@ -154,7 +154,7 @@ class Costs:
         # + above, - below), else 0; the figures of a confirmed shift are not spikes: 0
         self.record: list[dict[int, float]] = [{} for _ in range(world)]
         # ...and its outliers on each side, how far out, in order (`_outs`): a share is read
-        # over all ranks' records several times a boundary; a record changes once
+        # over all ranks' records several times a boundary, a record changes once an update
         self._sorted: dict[tuple[int, int], list[float]] = {}
         self.skip: set[int] = set()  # ranks whose next figure is not read (a recompile)
         # Each rank's scatter in its last regime of CARRIED_N figures or more: a rank's
@@ -168,7 +168,7 @@ class Costs:
         # (an update number; None: none yet)
         self.slowed_at: list[int | None] = [None] * world
         # Each rank's regime's scatter, with the regime it was read from (`_spread_of`): the
-        # pilot asks for it dozens of times a boundary (`sigma`), a regime changes once
+        # pilot asks for it dozens of times a boundary (`sigma`), a regime changes once an update
         self._spreads: dict[int, tuple[tuple[int, ...], float | None]] = {}
 
     @property
