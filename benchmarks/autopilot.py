@@ -134,20 +134,22 @@ def run(
     )
     if proc.returncode != 0:
         raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    rows = read_updates(out, 0).to_pylist()
-    moves = [e for e in read_events(out, 0) if e.kind == "rebalanced"]
-    # every rank's batch and compute of each update: what the pilot saw, so that a run can be
-    # replayed from this file (benchmarks/pilot_replay.py FILE --run NAME/ARM/REPEAT)
+    return {"split": split, **logged(out), "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def logged(out: Path) -> dict:
+    """What a run's logs say for its results: rank 0's clocks and tokens (`timings`), every
+    rank's batch and compute of each update (what the pilot saw, so that a run can be
+    replayed: benchmarks/pilot_replay.py FILE --run NAME/ARM/REPEAT), and the moves."""
     ranks = {r: {x["step"]: x for x in read_updates(out, r).to_pylist()} for r in log_ranks(out)}
     steps = sorted(set.intersection(*(set(v) for v in ranks.values()))) if ranks else []
+    moves = [e for e in read_events(out, 0) if e.kind == "rebalanced"]
     return {
-        "split": split,
-        **timings(rows),
+        **timings(list(ranks[0].values())),  # rank 0's clock
         "figures": {
             t: [[ranks[r][t]["local_batch"], round(ranks[r][t]["compute_s"], 6)] for r in ranks]
             for t in steps
         },
-        "wall_s": round(time.monotonic() - t0, 1),
         "changes": [(e.step, e.data.get("from"), e.data.get("to")) for e in moves],
     }
 

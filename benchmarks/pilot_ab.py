@@ -10,8 +10,9 @@ schedules), `--autopilot` on, each tree running its own trainer; the trees alter
 repeat so a busy spell of the machine hits both. Prints one JSON line a run: tokens/s from
 update 5 on (by the wall time from the end of one update to the end of the next, boundaries
 included: `tok_s`; by the updates' own time alone, as before session 32: `tok_s_updates_alone`),
-the moves, and the samples moved between ranks that the schedule did not make faster
-(autopilot.unjustified).
+the moves, the samples moved between ranks that the schedule did not make faster
+(autopilot.unjustified), and every rank's batch and compute of each update (`figures`, as
+benchmarks/autopilot.py keeps them: what the pilot saw, to replay a run).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopilot import FROM, MODEL, SCENARIOS, schedule, throughput, timings, unjustified
+from autopilot import FROM, MODEL, SCENARIOS, logged, schedule, throughput, unjustified
 
 # as benchmarks/autopilot.py runs its equal ranks: a schedule that slows no rank
 RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500)}
@@ -35,33 +36,31 @@ def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
     slow, total, updates = RUNS[scenario]
     split = ",".join([str(total // 4)] * 4)
     code = f"""
-import json, sys, time
+import sys
 sys.path.insert(0, {str(tree)!r})
-from telemetry.arrowlog import read_events, read_updates
 from tests.support.fleet import launch_args, run_fleet
 train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000",
          "--simulate-slowdown", {slow!r}, "--autopilot")
 run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
           timeout=900)
-keep = ("step", "time", "update_s", "update_tokens")
-rows = [{{k: r[k] for k in keep}} for r in read_updates({str(out)!r}, 0).to_pylist()]
-moves = [(e.step, e.data.get("from"), e.data.get("to"))
-         for e in read_events({str(out)!r}, 0) if e.kind == "rebalanced"]
-print(json.dumps({{"rows": rows, "moves": moves}}))
 """
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     head = {"scenario": scenario, "tree": str(tree)}
     if proc.returncode != 0:
         return {**head, "error": proc.stderr[-1500:]}
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    timed, steps = timings(res.pop("rows")), range(FROM, updates)
-    alone = {"update_s": timed["update_s"], "tokens": timed["tokens"]}
-    speed = {"tok_s": throughput(timed, steps), "tok_s_updates_alone": throughput(alone, steps)}
-    judged = unjustified(res["moves"], schedule(slow)[1])
-    wall = round(time.monotonic() - t0, 1)
-    return {**head, **speed, **res, "unjustified": judged, "wall_s": wall}
+    log, steps = logged(out), range(FROM, updates)  # its logs, read here as autopilot.py does
+    alone = {"update_s": log["update_s"], "tokens": log["tokens"]}
+    return {
+        **head,
+        "tok_s": throughput(log, steps),
+        "tok_s_updates_alone": throughput(alone, steps),
+        "moves": log["changes"],
+        "unjustified": unjustified(log["changes"], schedule(slow)[1]),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "figures": log["figures"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
