@@ -23,7 +23,9 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   confirmation holds up a move only if it may be slower (it could make the move moot); one
   that may be faster keeps its batch and the others move without it, unless the move
   answers another rank's confirmed new speed, its own figures are unlikely spikes, and the
-  move beats staying even if they were: then it is taken at its new speed. The global batch
+  move beats staying even if they were: then it is taken at its new speed, though at no
+  faster than the fastest confirmed rank (at 1 sample a rank reads faster than it is, and
+  such a bet would give it more than a peer's share). The global batch
   never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
@@ -39,7 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from telemetry import balance
@@ -329,7 +331,15 @@ class Autopilot:
             return due
         betting = [r for r in pending if self.costs.spike_chance(r) <= BET_ALPHA]
         if betting:
-            bet = [self.costs.estimate(r) if r in betting else e for r, e in enumerate(est)]
+            # ...taken at no faster than the fastest confirmed rank: a rank back from a
+            # slowdown at 1 sample reads faster than it is on this box (run G's moving16 r0:
+            # rank 0 read 0.47x its peers, and the bet gave it 9 of 16 samples); a rank with
+            # news is confirmed, so there is one
+            floor = min(e.cost for r, e in enumerate(est) if r not in pending)
+            bet = list(est)
+            for r in betting:
+                e = self.costs.estimate(r)
+                bet[r] = replace(e, cost=max(e.cost, floor))
             rest = [r for r in pending if r not in betting]
             new, gain, why = self._best(split, bet, rest, fixed, most)
             if not why and slowest(est, new, fixed) < slowest(est, split, fixed):

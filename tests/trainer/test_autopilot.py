@@ -411,6 +411,19 @@ def test_a_rank_that_recovers_as_another_slows_is_taken_at_its_new_speed():
     assert "rank(s) 0 taken at a new speed not yet confirmed" in reasons[2]
 
 
+def test_a_rank_taken_at_a_new_speed_is_taken_at_no_faster_than_the_fastest_confirmed():
+    """Session 33's run G, moving16 repeat 0 (tests/support/traces/moving16_s33.json): at 53
+    rank 2's slowdown is confirmed while rank 0, back from 2x at 1 sample, awaits one more
+    figure. On this box a rank at 1 sample is not a fifth of one at 5: rank 0 read 0.47x its
+    peers, and the run's pilot took it at that speed, 1,5,5,5 -> 9,3,1,3 (and 5,5,1,5 six
+    updates later). Taken at no faster than the fastest confirmed rank, it goes to 5,5,1,5
+    at once."""
+    trace = kept("moving16_s33")  # logged by a pilot that announced as this one does
+    moves = replayed(trace, Autopilot(4, enabled=True), 3)
+    assert moves[:2] == trace["changes"][:2], moves
+    assert moves[2] == [53, [1, 5, 5, 5], [5, 5, 1, 5]], moves
+
+
 def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
     """Session 15's equal ranks, repeat 2 (tests/support/traces/equal_s15.json: 110 updates
     of 4 real ranks, none slowed, no move made). At 101 rank 1 had shown four fast figures
