@@ -24,8 +24,8 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   that may be faster keeps its batch and the others move without it, unless the move
   answers another rank's confirmed new speed, its own figures are unlikely spikes, and the
   move beats staying even if they were: then it is taken at its new speed, though at no
-  faster than the fastest confirmed rank (at 1 sample a rank reads faster than it is, and
-  such a bet would give it more than a peer's share). The global batch
+  faster than the fastest confirmed rank (a rank at 1 sample can read far faster than it
+  is, and such a bet gives it more than a peer's share). The global batch
   never changes, so neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with

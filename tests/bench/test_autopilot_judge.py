@@ -9,6 +9,8 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "autopilot.py"
 _SPEC = importlib.util.spec_from_file_location("autopilot_benchmark", _PATH)
 bench = importlib.util.module_from_spec(_SPEC)
@@ -94,6 +96,23 @@ def fake_runs(move_at: int, name: str = "moving8", changes: list | None = None) 
     moves = changes if changes is not None else [(move_at, [1, 3, 2, 2], [2, 3, 1, 2])]
     results[name]["pilot"][0]["changes"] = moves
     return results
+
+
+def test_the_summary_says_how_much_any_pilot_could_gain_over_the_best_fixed_split():
+    """The oracle over the best fixed split: moving8 with 1,3,1,3 twice as fast before update
+    50 and 1,2,1,4 twice as fast from 50 (every other arm at 1 s an update). The best fixed
+    split runs 45 + 25 s over updates 5-99; the oracle switches at 50: 22.5 + 25 s."""
+    plans = bench.plan({"moving8"}, (0.0, 6.0))
+    runs = fake_runs(54)
+    for arm, fast in (("1,3,1,3", range(5, 50)), ("1,2,1,4", range(50, 101))):
+        run = runs["moving8"][arm][0]  # its clock is shared with the other arms': replace it
+        run["update_s"] = {t: 0.5 if t in fast else s for t, s in run["update_s"].items()}
+    summary = bench.summarize(plans, runs, 0, (0.0, 6.0))["moving8"]
+    assert summary["best_fixed"] == ["1,2,1,4"]
+    assert summary["oracle_over_best_fixed"]["each"] == [pytest.approx(70 / 47.5)]
+    # one arm fastest in every phase: nothing to gain by switching
+    summary = bench.summarize(plans, fake_runs(54), 0, (0.0, 6.0))["moving8"]
+    assert summary["oracle_over_best_fixed"]["each"] == [pytest.approx(1.0)]
 
 
 def test_a_reaction_counts_the_updates_run_on_the_old_split_after_the_change():
