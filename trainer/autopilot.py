@@ -335,11 +335,11 @@ class Autopilot:
             # slowdown at 1 sample reads faster than it is on this box (run G's moving16 r0:
             # rank 0 read 0.47x its peers, and the bet gave it 9 of 16 samples); a rank with
             # news is confirmed, so there is one
-            floor = min(e.cost for r, e in enumerate(est) if r not in pending)
+            fastest = min(e.cost for r, e in enumerate(est) if r not in pending)
             bet = list(est)
             for r in betting:
                 e = self.costs.estimate(r)
-                bet[r] = replace(e, cost=max(e.cost, floor))
+                bet[r] = replace(e, cost=max(e.cost, fastest))
             rest = [r for r in pending if r not in betting]
             new, gain, why = self._best(split, bet, rest, fixed, most)
             if not why and slowest(est, new, fixed) < slowest(est, split, fixed):
