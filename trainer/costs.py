@@ -447,8 +447,7 @@ class Costs:
         then about the shift, and would hide it."""
         spreads = {q: self._spread_of(q) for q in range(self.world)}
         if but:  # the figures being judged would widen the scatter that judges them
-            judged = self._regime(r)[:-but]
-            spreads[r] = _spread(judged) if len(judged) >= MIN_SPREAD_N else None
+            spreads[r] = _trusted_spread(self._regime(r)[:-but])
         own = {q: x for q, x in spreads.items() if x is not None}
         pooled = statistics.median(own.values()) if own else SIGMA_PRIOR
         mine = own.get(r, self.carried[r])
@@ -460,8 +459,7 @@ class Costs:
         key = tuple(self.regimes[r])
         kept = self._spreads.get(r)
         if kept is None or kept[0] != key:
-            q = self._regime(r)
-            kept = self._spreads[r] = (key, _spread(q) if len(q) >= MIN_SPREAD_N else None)
+            kept = self._spreads[r] = (key, _trusted_spread(self._regime(r)))
         return kept[1]
 
     def estimate(self, r: int) -> Estimate | None:
@@ -553,6 +551,11 @@ class Costs:
 def _spread(q: list[float]) -> float:
     mid = statistics.median(q)
     return 1.4826 * statistics.median(abs(x - mid) for x in q)
+
+
+def _trusted_spread(q: list[float]) -> float | None:
+    """The scatter of figures `q`, or None under MIN_SPREAD_N of them."""
+    return _spread(q) if len(q) >= MIN_SPREAD_N else None
 
 
 def _confirms(after: int, agree: int, needed: int) -> bool:
