@@ -14,7 +14,12 @@ compute per microstep), in four scenarios of 100 updates:
   before) and 16;
 - `transient`: rank 1 three times slower from update 30 to 60, then itself again (16);
 - `gradual`:   rank 3 slower and slower: 1.5x from 25, 2x from 45, 3x from 65 (16);
-- `equal`:     no slowdown, 500 updates (16): the changes the autopilot made (target 0).
+- `equal`:     no slowdown, 500 updates (16): the changes the autopilot made (target 0);
+
+and `pair-transient16`, `pair-gradual16`, `pair-equal`: the same on two ranks (the second is the
+one slowed), one BLAS thread each. Where the ranks outnumber the cores (four on a 2-core box),
+a rank that sleeps lends its core to its peers, and the split matters only through the
+straggler; where each rank has a core, as each Mac of a fleet does, it matters fully.
 
 Each against: the even split fixed; the best fixed split in hindsight (of the splits that the
 slowdown schedule, known afterwards, makes fastest over the run or over a phase, for each fixed
@@ -71,7 +76,7 @@ LAG_BEFORE = 1
 SIM_COST = 0.05  # the simulator's cost per sample (s): only ratios matter
 
 
-def schedule(text: str, world: int = 4):
+def schedule(text: str):
     """--simulate-slowdown's text as (from update, factors) phases, and as a function."""
     phases = []
     for part in text.split(";"):
@@ -84,12 +89,25 @@ def schedule(text: str, world: int = 4):
     return phases, factors_at
 
 
+def world_of(text: str) -> int:
+    """The ranks a --simulate-slowdown schedule names (its first phase's factors)."""
+    return len(schedule(text)[0][0][1])
+
+
 SCENARIOS = {
     "moving8": ("2,1,1,1@0;1,1,3,1@50", 8, 100),
     "moving16": ("2,1,1,1@0;1,1,3,1@50", 16, 100),
     "transient16": ("1,1,1,1@0;1,3,1,1@30;1,1,1,1@60", 16, 100),
     "gradual16": ("1,1,1,1@0;1,1,1,1.5@25;1,1,1,2@45;1,1,1,3@65", 16, 100),
+    # The same two on two ranks, a core each: on this 2-core box four ranks share the cores,
+    # so a rank's sleep lends its core to its peers and the split matters only through the
+    # straggler (3-6% of room above the best fixed split); a pair is two machines, as the
+    # fleet's own two-Mac runs are.
+    "pair-transient16": ("1,1@0;1,3@30;1,1@60", 16, 100),
+    "pair-gradual16": ("1,1@0;1,1.5@25;1,2@45;1,3@65", 16, 100),
 }
+# Equal ranks, none slowed (--equal-updates, global batch 16): the changes the pilot makes.
+EQUAL = {"equal": 4, "pair-equal": 2}
 
 
 def cores_of(text: str) -> list[int]:
@@ -112,30 +130,39 @@ def run(
     *extra: str,
     cores: list[int] | None = None,
 ) -> dict:
-    """One run of 4 local ranks; on `cores` (each rank one, BLAS single-threaded) if given."""
+    """One run of local ranks, one a batch of `split`; on `cores` if given (`rank_env`)."""
     t0 = time.monotonic()
     train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *MODEL)
     train += ("--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000")
     if slow:
         train += ("--simulate-slowdown", slow)
-    args = launch_args(4, data, out, *train, *extra, launch_opts=("--backend", "ring"))
-    pin: list[str] = []
-    env = fleet_env()
-    if cores:
-        # the launcher and mlx.launch mostly wait; the four ranks spread over the four cores
-        pin = ["taskset", "-c", ",".join(map(str, cores))]
-        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[name] = "1"  # a rank's BLAS threads would fight its neighbours for cores
+    world = len(split)
+    args = launch_args(world, data, out, *train, *extra, launch_opts=("--backend", "ring"))
+    # the launcher and mlx.launch mostly wait; the ranks spread over the cores
+    pin = ["taskset", "-c", ",".join(map(str, cores))] if cores else []
     proc = subprocess.run(
         [*pin, sys.executable, "-m", "fleet.cli", *args],
         capture_output=True,
         text=True,
         timeout=3600,
-        env=env,
+        env=rank_env(world, cores),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return {"split": split, **logged(out), "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def rank_env(world: int, cores: list[int] | None = None, env=None) -> dict[str, str]:
+    """The environment of a run of `world` ranks (`env`, default fleet_env()), with one BLAS
+    thread a rank where they are pinned to `cores` or each has a core of this machine: a
+    rank's BLAS threads would fight its neighbours for cores, or take the core of a peer that
+    sleeps its slowdown (four ranks on this 2-core box keep the default, as every run before
+    session 35 did)."""
+    env = dict(fleet_env() if env is None else env)
+    if cores or world <= len(cores_of("")):
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = "1"
+    return env
 
 
 def logged(out: Path) -> dict:
@@ -273,7 +300,7 @@ def _t_stat(x: list[float]) -> float:
 
 def simulated_scenarios():
     """Each scenario as the simulator runs it: (name, global batch, updates, phases, each
-    update's cost per sample of every rank)."""
+    update's cost per sample of every rank); the ranks are len(phases[0][1])."""
     for name, (slow, total, updates) in SCENARIOS.items():
         phases, factors_at = schedule(slow)
 
@@ -291,19 +318,19 @@ def simulated(
     split and the oracle under the same noise, each over updates FROM on."""
     out: dict = {}
     for name, total, updates, phases, costs in simulated_scenarios():
-        whole, rows = range(FROM, updates), []
+        whole, rows, world = range(FROM, updates), [], len(phases[0][1])
         bounds = [p for p, _ in phases] + [updates]
         for seed in range(seeds):
-            pilot = Autopilot(4, enabled=True, fixed_samples=fixed_samples)
-            flown = pilot_sim.fly(costs, [total // 4] * 4, updates, pilot, noise, seed)
+            pilot = Autopilot(world, enabled=True, fixed_samples=fixed_samples)
+            flown = pilot_sim.fly(costs, [total // world] * world, updates, pilot, noise, seed)
             mine = sum(flown.times[FROM:])
-            mult = pilot_sim.draws(4, updates, noise, seed)
-            best = pilot_sim.best_split(costs, 4, total, whole, noise)
+            mult = pilot_sim.draws(world, updates, noise, seed)
+            best = pilot_sim.best_split(costs, world, total, whole, noise)
             fixed = pilot_sim.measured(costs, best, whole, mult, noise)
             oracle = sum(
                 pilot_sim.measured(
                     costs,
-                    pilot_sim.best_split(costs, 4, total, range(a, b), noise),
+                    pilot_sim.best_split(costs, world, total, range(a, b), noise),
                     range(max(a, FROM), b),
                     mult,
                     noise,
@@ -348,17 +375,17 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
     each change `lag` updates after it (pilot_sim.ceiling), and of the oracle (lag 0)."""
     out: dict = {}
     for name, total, updates, phases, costs in simulated_scenarios():
-        steps, starts = range(FROM, updates), [p for p, _ in phases]
+        steps, starts, world = range(FROM, updates), [p for p, _ in phases], len(phases[0][1])
         for fixed in plan_fixed:
             # BOX's recompile and time after the slowest rank, with no fixed part or this one
             noise = replace(pilot_sim.BOX, fixed_samples=fixed, shared=0.0, own=0.0, spikes=0.0)
-            best = pilot_sim.best_split(costs, 4, total, steps, noise)
+            best = pilot_sim.best_split(costs, world, total, steps, noise)
             fixed_s = pilot_sim.expected(costs, best, steps, noise)
             out.setdefault(name, {})[f"fixed {fixed:g}"] = {
                 "best_fixed": ",".join(map(str, best))
             } | {
                 f"lag {lag}": fixed_s
-                / pilot_sim.ceiling(costs, 4, total, starts, steps, noise, lag)
+                / pilot_sim.ceiling(costs, world, total, starts, steps, noise, lag)
                 for lag in (0, *lags)
             }
     return out
@@ -388,13 +415,14 @@ def plan(only, plan_fixed, lag: int = 0) -> dict:
         # The candidates for hindsight: for each fixed part planned with, the split best over
         # the whole run and each phase's best (noise-free). Each is run fixed; the best fixed
         # split is the one that measured fastest, each phase's oracle the fastest over it.
-        arms = {"pilot": [total // 4] * 4, "even": [total // 4] * 4}
+        world = world_of(slow)
+        arms = {"pilot": [total // world] * world, "even": [total // world] * world}
         for fixed in plan_fixed:
             noise = pilot_sim.Noise(shared=0, own=0, spikes=0, recompile=0, fixed_samples=fixed)
             phase_spans = (range(a, b) for a, b in zip(bounds, bounds[1:], strict=False))
             spans = [range(FROM, updates), *phase_spans]
             for span in spans:
-                split = list(pilot_sim.best_split(factors_at, 4, total, span, noise))
+                split = list(pilot_sim.best_split(factors_at, world, total, span, noise))
                 if split not in list(arms.values())[1:]:
                     arms[",".join(map(str, split))] = split
         plans[name] = (slow, updates, factors_at, phases, parts, arms)
@@ -410,7 +438,8 @@ def resummarized(path: Path, plan_fixed) -> dict:
             for key in ("tokens", "update_s", "step_s"):  # JSON made the update numbers strings
                 if key in r:
                     r[key] = {int(s): v for s, v in r[key].items()}
-    equal = record.get("summary", {}).get("equal", {}).get("updates", 500)
+    told = record.get("summary", {})
+    equal = next((told[e]["updates"] for e in EQUAL if e in told), 500)
     lag = record.get("slowdown_lag", LAG_BEFORE)
     return summarize(plan(set(runs), plan_fixed, lag), runs, equal, plan_fixed, lag)
 
@@ -419,7 +448,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--equal-updates", type=int, default=500)
-    ap.add_argument("--only", default=",".join([*SCENARIOS, "equal"]))
+    ap.add_argument("--only", default=",".join([*SCENARIOS, *EQUAL]))
     ap.add_argument(
         "--plan-fixed",
         type=lambda text: [float(f) for f in text.split(",")],
@@ -489,7 +518,7 @@ def main() -> int:
             Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
         return 0
     only = args.only.split(",")
-    unknown = set(only) - {*SCENARIOS, "equal"}
+    unknown = set(only) - {*SCENARIOS, *EQUAL}
     if unknown:
         ap.error(f"--only: unknown scenario(s) {sorted(unknown)}")
     cores = cores_of(args.cores)
@@ -506,13 +535,16 @@ def main() -> int:
     results: dict = {
         name: {arm: [None] * args.repeats for arm in plan[5]} for name, plan in plans.items()
     }
-    results["equal"] = {"pilot": [None] * args.repeats if "equal" in only else []}
+    for name in EQUAL:
+        results[name] = {"pilot": [None] * args.repeats if name in only else []}
     # The order interleaves arms and repeats, so a busy spell of the machine hits every arm
     # alike; each repeat's long equal-ranks run goes first, so it does not end the benchmark.
     tasks = []
     for rep in range(args.repeats):
-        if "equal" in only:
-            tasks.append(("equal", "pilot", rep, [4] * 4, args.equal_updates, "", ("--autopilot",)))
+        for name, world in EQUAL.items():
+            if name in only:
+                split, pilot = [16 // world] * world, ("--autopilot",)
+                tasks.append((name, "pilot", rep, split, args.equal_updates, "", pilot))
         for name, (slow, updates, _, _, _, arms) in plans.items():
             for arm, split in arms.items():
                 extra = ("--autopilot",) if arm == "pilot" else ()
@@ -560,7 +592,7 @@ def main() -> int:
             slots.put(mine)
         r["cores"] = mine
         results[name][arm][rep] = r
-        rate = "" if name == "equal" else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
+        rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""
         print(name, arm, rep, split, rate, moves, f"{r['wall_s']} s on {mine}", flush=True)
         write()
@@ -654,14 +686,14 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
                 r["moves_the_figures_did_not_call_for"] for r in rows
             ],
         }
-    if results["equal"]["pilot"]:
-        summary["equal"] = {
-            "updates": equal_updates,
-            "changes": [len(r["changes"]) for r in results["equal"]["pilot"] if r is not None],
-            "moves_the_figures_did_not_call_for": [
-                _judged(r, fixed_parts) for r in results["equal"]["pilot"] if r is not None
-            ],
-        }
+    for name in EQUAL:
+        done = [r for r in results.get(name, {}).get("pilot", []) if r is not None]
+        if done:
+            summary[name] = {
+                "updates": equal_updates,
+                "changes": [len(r["changes"]) for r in done],
+                "moves_the_figures_did_not_call_for": [_judged(r, fixed_parts) for r in done],
+            }
     return summary
 
 

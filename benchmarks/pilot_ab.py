@@ -1,40 +1,54 @@
 """Two checkouts' autopilots on real local ranks, interleaved, in benchmarks/autopilot.py's
-scenarios (default `moving16`), and its equal ranks (`equal`: none slowed, 500 updates).
+scenarios (default `moving16`), and its equal ranks (`equal`, `pair-equal`: none slowed, 500
+updates).
 
     git worktree add /tmp/old <commit>
     python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 2
     python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 3 --scenarios moving16,transient16
 
-Four CPU ranks over ring (as benchmarks/autopilot.py: depth 2, width 128, its slowdown
-schedules), `--autopilot` on, each tree running its own trainer; the trees alternate in each
-repeat so a busy spell of the machine hits both. Prints one JSON line a run: tokens/s from
-update 5 on (by the wall time from the end of one update to the end of the next, boundaries
-included: `tok_s`; by the updates' own time alone, as before session 32: `tok_s_updates_alone`),
-the moves, the samples moved between ranks that the schedule did not make faster
-(autopilot.unjustified), and every rank's batch and compute of each update (`figures`, as
-benchmarks/autopilot.py keeps them: what the pilot saw, to replay a run).
+CPU ranks over ring, as many as the scenario's schedule names (as benchmarks/autopilot.py:
+depth 2, width 128, its slowdown schedules), `--autopilot` on, each tree running its own
+trainer; the trees alternate in each repeat so a busy spell of the machine hits both. Prints
+one JSON line a run: tokens/s from update 5 on (by the wall time from the end of one update
+to the end of the next, boundaries included: `tok_s`; by the updates' own time alone, as
+before session 32: `tok_s_updates_alone`), the moves, the samples moved between ranks that
+the schedule did not make faster (autopilot.unjustified), and every rank's batch and compute
+of each update (`figures`, as benchmarks/autopilot.py keeps them: what the pilot saw, to
+replay a run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from autopilot import FROM, MODEL, SCENARIOS, logged, schedule, throughput, unjustified
+from autopilot import (
+    FROM,
+    MODEL,
+    SCENARIOS,
+    logged,
+    rank_env,
+    schedule,
+    throughput,
+    unjustified,
+    world_of,
+)
 
 # as benchmarks/autopilot.py runs its equal ranks: a schedule that slows no rank
-RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500)}
+RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500), "pair-equal": ("1,1@0", 16, 500)}
 
 
 def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
     """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
     slow, total, updates = RUNS[scenario]
-    split = ",".join([str(total // 4)] * 4)
+    world = world_of(slow)
+    split = ",".join([str(total // world)] * world)
     code = f"""
 import sys
 sys.path.insert(0, {str(tree)!r})
@@ -42,11 +56,12 @@ from tests.support.fleet import launch_args, run_fleet
 train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000",
          "--simulate-slowdown", {slow!r}, "--autopilot")
-run_fleet(*launch_args(4, {str(data)!r}, {str(out)!r}, *train, launch_opts=("--backend", "ring")),
-          timeout=900)
+run_fleet(*launch_args({world}, {str(data)!r}, {str(out)!r}, *train,
+                      launch_opts=("--backend", "ring")), timeout=900)
 """
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = rank_env(world, env=os.environ)  # the child sets its tree's path itself
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     head = {"scenario": scenario, "tree": str(tree)}
     if proc.returncode != 0:
         return {**head, "error": proc.stderr[-1500:]}
