@@ -5,7 +5,8 @@ Three things make the figures of one update a poor guide, each answered here:
 - **A busy machine slows every rank at once** (another job, the OS, a shared core): each
   rank's cost is read relative to its peers' at the same update (its log cost per sample
   minus the median of all ranks' at that update), so what all share cancels out. On this
-  project's 2-core box that took the scatter from 0.55 to 0.2-0.3 (log units).
+  project's 2-core box that took the scatter from 0.55 to 0.2-0.3 (log units). Of two ranks
+  the median is their mean: each shows half of a change of either, and is judged so.
 - **Spikes** (a page fault storm, a recompile): medians in log space, and a robust scatter
   (1.4826 MAD) behind every threshold.
 - **Costs that change** (a Mac that heats up, a job that starts beside a rank): each rank's
@@ -140,7 +141,21 @@ class Costs:
         fast: int = 2,
     ) -> None:
         self.world, self.window, self.recent = world, max(window, recent + 2), recent
-        self.z, self.min_shift, self.fast = z, min_shift, min(fast, recent)
+        # Of two ranks the median is their mean: a rank whose cost moves by d shows d/2 in
+        # its relative figures (and its peer -d/2), and their jitter 1/sqrt(2) of one rank's.
+        # Judged at full size, a pair's 1.5x slowdown (0.2 each) stayed under `min_shift` and
+        # crept in through the regime's median, 12-15 updates late (session 35's pairs).
+        self.shown_share = 0.5 if world == 2 else 1.0
+        self.z, self.min_shift = z, min_shift * self.shown_share
+        self.fast = min(fast, recent)
+        self.sigma_floor = SIGMA_FLOOR * math.sqrt(self.shown_share)
+        self.sigma_prior = SIGMA_PRIOR * math.sqrt(self.shown_share)
+        # ...and their levels' errors are one error, not two independent ones as a comparison
+        # (the hypot of two standard errors) takes them: the difference of two mirrored levels
+        # is off twice as far as each, so each one's standard error is given sqrt(2) times its
+        # own (equal pairs on the simulator's noisy machine, tests/support/pilot_sim.Noise,
+        # changed split 173 times in 24 runs of 500 updates; 60 with it).
+        self.se_scale = math.sqrt(2) if world == 2 else 1.0
         # Each regime holds update numbers; an update's figures are kept raw, so that a new
         # reading of the fixed part (`fixed`) re-reads every cost from what was measured.
         self.regimes: list[deque[int]] = [deque(maxlen=self.window) for _ in range(world)]
@@ -449,9 +464,9 @@ class Costs:
         if but:  # the figures being judged would widen the scatter that judges them
             spreads[r] = _trusted_spread(self._regime(r)[:-but])
         own = {q: x for q, x in spreads.items() if x is not None}
-        pooled = statistics.median(own.values()) if own else SIGMA_PRIOR
+        pooled = statistics.median(own.values()) if own else self.sigma_prior
         mine = own.get(r, self.carried[r])
-        return max(pooled if mine is None else mine, pooled, SIGMA_FLOOR)
+        return max(pooled if mine is None else mine, pooled, self.sigma_floor)
 
     def _spread_of(self, r: int) -> float | None:
         """Rank r's regime's scatter (None under MIN_SPREAD_N figures), read again only when
@@ -470,9 +485,8 @@ class Costs:
     def _estimate(self, r: int, q: list[float]) -> Estimate:
         sigma = self.sigma(r)
         # the median's standard error: sqrt(pi/2) times the mean's
-        return Estimate(
-            math.exp(statistics.median(q)), 1.2533 * sigma / math.sqrt(len(q)), len(q), sigma
-        )
+        se = self.se_scale * 1.2533 * sigma / math.sqrt(len(q))
+        return Estimate(math.exp(statistics.median(q)), se, len(q), sigma)
 
     def _new_shift(self, r: int) -> tuple[int, int]:
         """How many of rank r's newest figures show its cost moved (0: none did), and how
