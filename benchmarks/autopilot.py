@@ -3,7 +3,7 @@
     python benchmarks/autopilot.py --repeats 3 --out /tmp/autopilot.json
     python benchmarks/autopilot.py --repeats 3 --cores 4-15 --out $OUT/autopilot.json  # 3 at once
 
---jobs runs that many runs at once (default: one per 4 of --cores), each run's 4 ranks pinned
+--jobs runs that many runs at once (default: one per 4 of --cores), each run's ranks (4 or 2) pinned
 to 4 cores of their own (taskset) with one BLAS thread a rank, so runs do not disturb each
 other; the order of the runs still interleaves arms and repeats.
 
