@@ -89,9 +89,9 @@ def schedule(text: str):
     return phases, factors_at
 
 
-def world_of(text: str) -> int:
-    """The ranks a --simulate-slowdown schedule names (its first phase's factors)."""
-    return len(schedule(text)[0][0][1])
+def world_of(phases) -> int:
+    """The ranks a schedule's phases (`schedule(text)[0]`) name: its first phase's factors."""
+    return len(phases[0][1])
 
 
 SCENARIOS = {
@@ -300,7 +300,7 @@ def _t_stat(x: list[float]) -> float:
 
 def simulated_scenarios():
     """Each scenario as the simulator runs it: (name, global batch, updates, phases, each
-    update's cost per sample of every rank); the ranks are len(phases[0][1])."""
+    update's cost per sample of every rank; the ranks: world_of(phases))."""
     for name, (slow, total, updates) in SCENARIOS.items():
         phases, factors_at = schedule(slow)
 
@@ -318,7 +318,7 @@ def simulated(
     split and the oracle under the same noise, each over updates FROM on."""
     out: dict = {}
     for name, total, updates, phases, costs in simulated_scenarios():
-        whole, rows, world = range(FROM, updates), [], len(phases[0][1])
+        whole, rows, world = range(FROM, updates), [], world_of(phases)
         bounds = [p for p, _ in phases] + [updates]
         for seed in range(seeds):
             pilot = Autopilot(world, enabled=True, fixed_samples=fixed_samples)
@@ -375,7 +375,7 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
     each change `lag` updates after it (pilot_sim.ceiling), and of the oracle (lag 0)."""
     out: dict = {}
     for name, total, updates, phases, costs in simulated_scenarios():
-        steps, starts, world = range(FROM, updates), [p for p, _ in phases], len(phases[0][1])
+        steps, starts, world = range(FROM, updates), [p for p, _ in phases], world_of(phases)
         for fixed in plan_fixed:
             # BOX's recompile and time after the slowest rank, with no fixed part or this one
             noise = replace(pilot_sim.BOX, fixed_samples=fixed, shared=0.0, own=0.0, spikes=0.0)
@@ -415,7 +415,7 @@ def plan(only, plan_fixed, lag: int = 0) -> dict:
         # The candidates for hindsight: for each fixed part planned with, the split best over
         # the whole run and each phase's best (noise-free). Each is run fixed; the best fixed
         # split is the one that measured fastest, each phase's oracle the fastest over it.
-        world = world_of(slow)
+        world = world_of(phases)
         arms = {"pilot": [total // world] * world, "even": [total // world] * world}
         for fixed in plan_fixed:
             noise = pilot_sim.Noise(shared=0, own=0, spikes=0, recompile=0, fixed_samples=fixed)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from autopilot import (
+    EQUAL,
     FROM,
     MODEL,
     SCENARIOS,
@@ -41,13 +42,13 @@ from autopilot import (
 )
 
 # as benchmarks/autopilot.py runs its equal ranks: a schedule that slows no rank
-RUNS = {**SCENARIOS, "equal": ("1,1,1,1@0", 16, 500), "pair-equal": ("1,1@0", 16, 500)}
+RUNS = {**SCENARIOS, **{name: (",".join("1" * w) + "@0", 16, 500) for name, w in EQUAL.items()}}
 
 
 def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
     """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
     slow, total, updates = RUNS[scenario]
-    world = world_of(slow)
+    world = world_of(schedule(slow)[0])
     split = ",".join([str(total // world)] * world)
     code = f"""
 import sys

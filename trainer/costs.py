@@ -155,7 +155,7 @@ class Costs:
         # is off twice as far as each, so each one's standard error is given sqrt(2) times its
         # own (equal pairs on the simulator's noisy machine, tests/support/pilot_sim.Noise,
         # changed split 173 times in 24 runs of 500 updates; 60 with it).
-        self.se_scale = math.sqrt(2) if world == 2 else 1.0
+        self.se_scale = 1 / math.sqrt(self.shown_share)
         # Each regime holds update numbers; an update's figures are kept raw, so that a new
         # reading of the fixed part (`fixed`) re-reads every cost from what was measured.
         self.regimes: list[deque[int]] = [deque(maxlen=self.window) for _ in range(world)]

@@ -71,4 +71,4 @@ def test_ranks_with_a_core_each_get_one_blas_thread_and_ranks_sharing_cores_the_
     assert bench.rank_env(cores)["OPENBLAS_NUM_THREADS"] == "1"
     assert "OPENBLAS_NUM_THREADS" not in bench.rank_env(cores + 1)
     assert bench.rank_env(cores + 1, [0, 1, 2, 3])["OPENBLAS_NUM_THREADS"] == "1"
-    assert bench.world_of("1,1@0;1,3@30") == 2
+    assert bench.world_of(bench.schedule("1,1@0;1,3@30")[0]) == 2
