@@ -15,7 +15,9 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   when every sample goes from a rank clearly slower than where it lands (under that fixed
   part and the most the figures allow), the gain is at least `min_gain` and beyond what the
   noise explains, and the same split was proposed at two boundaries in a row (at one, where
-  a rank's confirmed new cost is the reason: its own figures held it already). Within
+  a rank's confirmed new cost is the reason: its own figures held it already). A move that
+  would undo the last one within `cooldown` goes halfway (the costs read at the two splits
+  disagree: a cost per sample read at one batch need not hold at another). Within
   `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
   since (a new regime): a change far beyond the noise is then followed 4-5 updates after it
   began (2 figures show it, as many confirm it; the next update runs the new split), one
@@ -46,7 +48,7 @@ from typing import Any
 
 from telemetry import balance
 from telemetry.units import GiB, MiB
-from trainer.costs import Costs, Estimate
+from trainer.costs import SIGMA_FLOOR, Costs, Estimate, spread
 from trainer.fixed_part import FixedPart, capped
 
 SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
@@ -69,6 +71,12 @@ CALM_GAIN = 0.10
 # confirmation at that speed when its figures are spikes with a chance under this (on this
 # box, whose fast spikes are one figure in nine: four fast figures in a row, none since back)
 BET_ALPHA = 3e-4
+MEASURED_MIN = 3  # updates at a split from which what it measured is read
+# Standard errors by which a change must have made the update slower to be undone whole, not
+# halfway: session 36's run L r0 read 103 ms at 7,9 and 111 at 9,7, 1.4 standard errors
+# apart, then 121 at 7,9 again; session 25's run C gradual16 r1 (rank 3 2x) read 4,4,4,4 2.8
+# standard errors slower than the 5,5,4,2 it left.
+Z_SLOWER = 2.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,12 @@ class Autopilot:
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
         self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
         self.told_fixed = 0.0  # the fixed part the operator last heard of
+        # The split the last change left, and the slowest compute of each update there and
+        # here (past the two that recompile): what the change measurably did.
+        self.left: list[int] | None = None
+        self.left_s: list[float] = []
+        self.here_s: list[float] = []
+        self.at_split = 0  # updates at this split
 
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
         """Take one boundary's figures; what to do now (usually nothing)."""
@@ -144,6 +158,7 @@ class Autopilot:
             # ran their first update at it (a recompile), and may cost otherwise per sample.
             changed = [r for r in range(self.world) if split[r] != self.last_split[r]]
             self.costs.restart(changed)
+            self.left, self.left_s, self.here_s, self.at_split = self.last_split, self.here_s, [], 0
         self.last_split = list(split)
         for r, f in enumerate(figures):
             if f.local_batch > 0 and f.compute_s > 0:
@@ -160,6 +175,9 @@ class Autopilot:
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
         self.recent.append(slowest)
+        self.at_split += 1
+        if self.at_split > 2:  # the first two updates at a split recompile
+            self.here_s = [*self.here_s, slowest][-self.cooldown :]
         self._report_effect(slowest, out)
         if any(len(s) < balance.MIN_UPDATES for s in self.samples):
             return out
@@ -386,8 +404,7 @@ class Autopilot:
         new = nearest(split, costs, target * (1 + TIE), caps, fixed, upper)
         if new == split:
             return split, 0.0, "the split is as fast as any"
-        before = [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
-        after = [c * (f + b) for c, f, b in zip(costs, fixed, new, strict=True)]
+        before, after = times(costs, fixed, split), times(costs, fixed, new)
         gain = 1 - max(after) / max(before)
         # Within `cooldown` updates of a change (and no rank's cost moved since), only a
         # gain of CALM_GAIN (or twice `min_gain`): small corrections wait, so noise cannot
@@ -414,7 +431,28 @@ class Autopilot:
             why = unjustified(split, new, est, fixed, f)
             if why:
                 return split, gain, why
+        # A move back to the split the last one left, within `cooldown` of it and no rank's
+        # cost moved since: the costs read at the two splits disagree on which is faster.
+        # Costs per sample read at one split need not hold at another (on this box a batch
+        # of 9 costs 10-20% more a sample than one of 7 or 8: the rank at 9 reads dearer
+        # whichever it is, and session 35's K r2 went 7,9 <-> 9,7 four times, each move
+        # predicted 10-20% faster). The update's time on the way from one split to the other
+        # is the slowest of ranks each growing or shrinking with its batch: it falls, then
+        # rises, so the fastest lies between. Halfway, where there is a split between.
+        # (Unless that change measurably made the update slower: a mistake, undone whole.)
+        mid = halfway(split, new)
+        if calm and new == self.left and mid != split and not self._made_slower():
+            new, gain = mid, 1 - max(times(costs, fixed, mid)) / max(before)
         return new, gain, ""
+
+    def _made_slower(self) -> bool:
+        """Whether the last change made the update slower beyond the noise: the median
+        slowest compute here over the split it left, by more than Z_SLOWER standard errors
+        (from MEASURED_MIN updates at each, at least; their scatter, SIGMA_FLOOR at least)."""
+        if min(len(self.left_s), len(self.here_s)) < MEASURED_MIN:
+            return False
+        (left, se_left), (here, se_here) = level(self.left_s), level(self.here_s)
+        return here - left > Z_SLOWER * math.hypot(se_left, se_here)
 
     def _news(self) -> list[int]:
         """The ranks whose cost moved since the last change, confirmed."""
@@ -470,6 +508,28 @@ class Autopilot:
         else:
             text = f"split {p['from']} -> {p['to']}: slowest compute now {after * 1e3:.0f} ms"
         out.events.append(("autopilot", text, data))
+
+
+def times(costs: list[float], fixed: list[float], split: list[int]) -> list[float]:
+    """Each rank's predicted compute at `split`: its cost per sample x (fixed part + batch)."""
+    return [c * (f + b) for c, f, b in zip(costs, fixed, split, strict=True)]
+
+
+def level(times: list[float]) -> tuple[float, float]:
+    """The log of the median of `times` and its standard error (their scatter, at least
+    SIGMA_FLOOR: the median's is sqrt(pi/2) times the mean's)."""
+    q = [math.log(t) for t in times]
+    return statistics.median(q), 1.2533 * max(spread(q), SIGMA_FLOOR) / math.sqrt(len(q))
+
+
+def halfway(here: list[int], there: list[int]) -> list[int]:
+    """The split halfway from `here` to `there`, with the same global batch: of the ranks whose
+    two batches differ by an odd number, those that give keep the odd sample first."""
+    mid = [(a + b) // 2 for a, b in zip(here, there, strict=True)]
+    for r in sorted(range(len(mid)), key=lambda r: here[r] - there[r], reverse=True):
+        if sum(mid) < sum(here) and (here[r] + there[r]) % 2:
+            mid[r] += 1
+    return mid
 
 
 def slowest(est: list[Estimate], split: list[int], fixed: list[float]) -> float:

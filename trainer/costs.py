@@ -426,7 +426,7 @@ class Costs:
         enough)."""
         if len(regime) >= CARRIED_N:
             q = [self.values[u][r] for u in regime]
-            self.carried[r] = _spread(q)
+            self.carried[r] = spread(q)
             level, best = statistics.median(q), self.best[r]
             self.best[r] = level if best is None else min(best, level)
 
@@ -562,14 +562,15 @@ class Costs:
         return max(1, min(plain, sized))
 
 
-def _spread(q: list[float]) -> float:
+def spread(q: list[float]) -> float:
+    """The scatter of figures `q`: 1.4826 MAD (the standard deviation, were they normal)."""
     mid = statistics.median(q)
     return 1.4826 * statistics.median(abs(x - mid) for x in q)
 
 
 def _trusted_spread(q: list[float]) -> float | None:
     """The scatter of figures `q`, or None under MIN_SPREAD_N of them."""
-    return _spread(q) if len(q) >= MIN_SPREAD_N else None
+    return spread(q) if len(q) >= MIN_SPREAD_N else None
 
 
 def _confirms(after: int, agree: int, needed: int) -> bool:

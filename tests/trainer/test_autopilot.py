@@ -435,6 +435,62 @@ def test_on_real_figures_of_two_ranks_a_slowdown_by_half_again_is_answered_withi
     assert moves and moves[0][1:] == [[8, 8], [10, 6]] and moves[0][0] <= 30, moves
 
 
+def pair_changes(cost, split: list[int], updates: int, seed: int = 0) -> list:
+    """The changes a pilot makes on two ranks of cost a sample `cost(update, rank, batch)`
+    (times 10 ms, 2% noise): [(update, split), ...]."""
+    rng, pilot, changes, queued = random.Random(seed), Autopilot(2, enabled=True), [], []
+    for t in range(updates):
+        for cmd, args in queued:
+            if cmd == "rebalance":
+                split = args["split"]
+                changes.append((t, split))
+        figures = [
+            RankFigures(b, 0.01 * b * cost(t, r, b) * rng.uniform(0.98, 1.02), GiB, 0, 0, None)
+            for r, b in enumerate(split)
+        ]
+        queued = pilot.observe(split, figures).commands
+    return changes
+
+
+def test_a_move_that_would_undo_the_last_one_goes_halfway():
+    """Two equal ranks where a batch of 9 costs 12% more a sample than one of 8 and a batch of
+    7 10% less (this box's pairs: 11.7, 10.9 and 9.0-10.7 ms). At 7,9 the rank at 9 reads
+    dearer, and the pilot moves to 9,7; there the other does. Main's pilot went back and
+    forth every 7 updates (21 changes in 150); the costs read at the two splits disagree, so
+    the fastest lies between: the pilot goes halfway, to 8,8, and stays."""
+    by_batch = {7: 0.90, 9: 1.12}
+    for seed in range(4):
+        changes = pair_changes(lambda t, r, b: by_batch.get(b, 1.0), [7, 9], 150, seed)
+        assert [s for _, s in changes] == [[9, 7], [8, 8]], (seed, changes)
+
+
+def test_a_move_undone_after_a_rank_s_cost_moved_is_undone_whole():
+    """Rank 1 three times as slow from 10 to 40: the pilot's move for it (12,4) is undone
+    whole when it recovers (news: the two splits were read in different worlds)."""
+    changes = pair_changes(lambda t, r, b: 3.0 if r == 1 and 10 <= t < 40 else 1.0, [8, 8], 70)
+    assert [s for _, s in changes] == [[12, 4], [8, 8]], changes
+    assert changes[1][0] <= 48, changes
+
+
+def test_halfway_keeps_the_global_batch_and_the_giving_ranks_keep_the_odd_sample():
+    assert autopilot.halfway([9, 7], [7, 9]) == [8, 8]
+    assert autopilot.halfway([12, 4], [7, 9]) == [10, 6]
+    assert autopilot.halfway([4, 4, 4, 4], [1, 5, 5, 5]) == [3, 5, 4, 4]
+    assert autopilot.halfway([2, 5, 5, 4], [1, 5, 5, 5]) == [2, 5, 5, 4]
+
+
+def test_on_real_figures_two_ranks_back_from_a_slowdown_do_not_ping_pong():
+    """Session 35's pair-transient16 repeat 2 of run K (tests/support/traces/
+    pair_transient16_s35.json): back from 13,3 the run's pilot went to 7,9 at 64, 9,7 at 71
+    and 7,9 again at 80 (then on to the end, 4 moves between ranks equal by the schedule):
+    the rank at 9 read 15-30% dearer a sample at either split (7,9 measured 105 ms, the
+    slowest rank's compute; 9,7 100). This pilot goes halfway, to 8,8, at 80."""
+    trace = kept("pair_transient16_s35")
+    moves = replayed(trace, Autopilot(2, enabled=True))
+    assert moves[:4] == trace["changes"][:4], moves
+    assert moves[4] == [80, [9, 7], [8, 8]], moves
+
+
 def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
     """Session 15's equal ranks, repeat 2 (tests/support/traces/equal_s15.json: 110 updates
     of 4 real ranks, none slowed, no move made). At 101 rank 1 had shown four fast figures
