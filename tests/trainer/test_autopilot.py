@@ -479,6 +479,18 @@ def test_halfway_keeps_the_global_batch_and_the_giving_ranks_keep_the_odd_sample
     assert autopilot.halfway([2, 5, 5, 4], [1, 5, 5, 5]) == [2, 5, 5, 4]
 
 
+def test_on_real_figures_a_move_that_made_the_update_slower_is_undone_whole():
+    """Session 25's gradual16 repeat 1 of run C (tests/support/traces/gradual16_undo_s25.json):
+    the pilot moved to 5,5,4,2 for rank 3's 1.5x slowdown, and back to 4,4,4,4 at 45 as rank 3
+    turned 2x (the move's restart hid the shift: no news). 4,4,4,4 then measured slower than
+    5,5,4,2 by 2.8 standard errors (the slowest compute's median): a mistake, undone whole at
+    52 as the run did, not halfway (5,4,4,3 at 51)."""
+    trace = kept("gradual16_undo_s25")
+    moves = replayed(trace, Autopilot(4, enabled=True))
+    assert moves == trace["changes"], moves
+    assert moves[2] == [52, [4, 4, 4, 4], [5, 5, 4, 2]], moves
+
+
 def test_on_real_figures_two_ranks_back_from_a_slowdown_do_not_ping_pong():
     """Session 35's pair-transient16 repeat 2 of run K (tests/support/traces/
     pair_transient16_s35.json): back from 13,3 the run's pilot went to 7,9 at 64, 9,7 at 71
