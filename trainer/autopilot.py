@@ -48,8 +48,9 @@ from typing import Any
 
 from telemetry import balance
 from telemetry.units import GiB, MiB
-from trainer.costs import SIGMA_FLOOR, Costs, Estimate, spread
+from trainer.costs import Costs, Estimate
 from trainer.fixed_part import FixedPart, capped
+from trainer.scatter import MEDIAN_SE, SIGMA_FLOOR, spread
 
 SWAP_GROWTH = 256 * MiB  # swap grown by this much over a window: the rank is swapping
 PRESSURE = 0.6  # macOS memory pressure (0..1) from which a rank counts as pressed
@@ -137,13 +138,12 @@ class Autopilot:
         self.streak: tuple[list[int], int] | None = None  # (the same proposal, for how long)
         self.pressed_before: set[int] = set()
         self.pending: dict[str, Any] | None = None  # a change awaiting its measured effect
-        self.recent: deque[float] = deque(maxlen=self.window)  # the slowest compute, per update
         self.told_fixed = 0.0  # the fixed part the operator last heard of
         # The split the last change left, and the slowest compute of each update there and
-        # here (past the two that recompile): what the change measurably did.
+        # here (the last `cooldown`, past the two that recompile): what a change measurably did.
         self.left: list[int] | None = None
-        self.left_s: list[float] = []
-        self.here_s: list[float] = []
+        self.left_s: deque[float] = deque()
+        self.here_s: deque[float] = deque(maxlen=self.cooldown)
         self.at_split = 0  # updates at this split
 
     def observe(self, split: list[int], figures: list[RankFigures]) -> Decision:
@@ -158,7 +158,8 @@ class Autopilot:
             # ran their first update at it (a recompile), and may cost otherwise per sample.
             changed = [r for r in range(self.world) if split[r] != self.last_split[r]]
             self.costs.restart(changed)
-            self.left, self.left_s, self.here_s, self.at_split = self.last_split, self.here_s, [], 0
+            self.left, self.left_s, self.at_split = self.last_split, self.here_s, 0
+            self.here_s = deque(maxlen=self.cooldown)
         self.last_split = list(split)
         for r, f in enumerate(figures):
             if f.local_batch > 0 and f.compute_s > 0:
@@ -174,10 +175,9 @@ class Autopilot:
         self.fresh |= set(moved)
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
-        self.recent.append(slowest)
         self.at_split += 1
         if self.at_split > 2:  # the first two updates at a split recompile
-            self.here_s = [*self.here_s, slowest][-self.cooldown :]
+            self.here_s.append(slowest)
         self._report_effect(slowest, out)
         if any(len(s) < balance.MIN_UPDATES for s in self.samples):
             return out
@@ -261,7 +261,7 @@ class Autopilot:
         reason = f"autopilot: memory guard ({text})"
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
         out.events.append(("autopilot", f"moving samples off pressed rank(s): {text}", {}))
-        self._changed(split, new, 0.0, sorted(self.recent)[len(self.recent) // 2])
+        self._changed(split, new, 0.0)
 
     # --- speed --------------------------------------------------------------------------------
     def fixed(self) -> tuple[float, float]:
@@ -316,8 +316,7 @@ class Autopilot:
             ranks = ", ".join(map(str, betting))
             reason += f"; rank(s) {ranks} taken at a new speed not yet confirmed"
         out.commands.append(("rebalance", {"split": new, "reason": reason}))
-        before = sorted(self.recent)[len(self.recent) // 2]
-        self._changed(split, new, gain, before)
+        self._changed(split, new, gain)
 
     def _proposal(self, split: list[int]) -> tuple[list[int], float, str, list[int]]:
         """(the split to move to, its predicted gain, "", the pending ranks it takes at their
@@ -440,9 +439,10 @@ class Autopilot:
         # is the slowest of ranks each growing or shrinking with its batch: it falls, then
         # rises, so the fastest lies between. Halfway, where there is a split between.
         # (Unless that change measurably made the update slower: a mistake, undone whole.)
-        mid = halfway(split, new)
-        if calm and new == self.left and mid != split and not self._made_slower():
-            new, gain = mid, 1 - max(times(costs, fixed, mid)) / max(before)
+        if calm and new == self.left and not self._made_slower():
+            mid = halfway(split, new)
+            if mid != split:
+                new, gain = mid, 1 - max(times(costs, fixed, mid)) / max(before)
         return new, gain, ""
 
     def _made_slower(self) -> bool:
@@ -458,19 +458,19 @@ class Autopilot:
         """The ranks whose cost moved since the last change, confirmed."""
         return sorted(r for r in self.fresh if self.costs.confirmed(r))
 
-    def _changed(self, old: list[int], new: list[int], gain: float, before: float | None) -> None:
+    def _changed(self, old: list[int], new: list[int], gain: float) -> None:
         self.since_change = 0
         self.streak = None
         # a rank whose new speed still awaits confirmation is news yet to answer
         self.fresh = {r for r in self.fresh if not self.costs.confirmed(r)}
-        self.recent.clear()
         for s in (*self.swaps, *self.samples):
             s.clear()
         self.pending = {
             "from": old,
             "to": new,
             "predicted_gain": gain,
-            "before_s": before,
+            # the slowest compute here, past the recompiles (None: too few updates here)
+            "before_s": statistics.median(self.here_s) if self.here_s else None,
             "after": [],
         }
 
@@ -519,7 +519,7 @@ def level(times: list[float]) -> tuple[float, float]:
     """The log of the median of `times` and its standard error (their scatter, at least
     SIGMA_FLOOR: the median's is sqrt(pi/2) times the mean's)."""
     q = [math.log(t) for t in times]
-    return statistics.median(q), 1.2533 * max(spread(q), SIGMA_FLOOR) / math.sqrt(len(q))
+    return statistics.median(q), MEDIAN_SE * max(spread(q), SIGMA_FLOOR) / math.sqrt(len(q))
 
 
 def halfway(here: list[int], there: list[int]) -> list[int]:

@@ -54,9 +54,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainer.fixed_part import capped
+from trainer.scatter import MEDIAN_SE, SIGMA_FLOOR, spread
 
 SIGMA_PRIOR = 0.3  # log-scatter assumed until there are figures enough to measure it
-SIGMA_FLOOR = 0.03  # no machine is steadier than this (timer, scheduler)
 MIN_SPREAD_N = 5  # figures a rank needs before its own scatter is trusted
 CARRIED_N = 10  # ...and a regime, for its scatter to outlive it (a MAD of 5 is often off 2x)
 Z_OUT = 2.5  # one figure this many scatters (and min_shift) off its regime's median is out
@@ -485,7 +485,7 @@ class Costs:
     def _estimate(self, r: int, q: list[float]) -> Estimate:
         sigma = self.sigma(r)
         # the median's standard error: sqrt(pi/2) times the mean's
-        se = self.se_scale * 1.2533 * sigma / math.sqrt(len(q))
+        se = self.se_scale * MEDIAN_SE * sigma / math.sqrt(len(q))
         return Estimate(math.exp(statistics.median(q)), se, len(q), sigma)
 
     def _new_shift(self, r: int) -> tuple[int, int]:
@@ -536,7 +536,7 @@ class Costs:
         mid = statistics.median(ref)
         delta = statistics.median(new) - mid
         sigma = self.sigma(r, but=self.recent)
-        se = 1.2533 * sigma * math.sqrt(1 / len(new) + 1 / len(ref))
+        se = MEDIAN_SE * sigma * math.sqrt(1 / len(new) + 1 / len(ref))
         if abs(delta) < max(self.min_shift, self.z * se):
             return 0, 0
         if sum((x > mid) == (delta > 0) for x in new) < len(new) - 1:
@@ -560,12 +560,6 @@ class Costs:
         run, each = self._share(r, side, k, size), self._share(r, side, k, size / 2)
         sized = math.ceil((math.log(SIZE_ALPHA) - k * math.log(run)) / math.log(each))
         return max(1, min(plain, sized))
-
-
-def spread(q: list[float]) -> float:
-    """The scatter of figures `q`: 1.4826 MAD (the standard deviation, were they normal)."""
-    mid = statistics.median(q)
-    return 1.4826 * statistics.median(abs(x - mid) for x in q)
 
 
 def _trusted_spread(q: list[float]) -> float | None:

@@ -52,6 +52,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from trainer.scatter import MAD_SIGMA, MEDIAN_SE, SIGMA_FLOOR
+
 # Updates under a split before a change of it can be read: a move 3 updates after a rank
 # slowed has 3 rows of the new regime before it (at 4 it went unread, the fixed part stayed 0,
 # and a rank left 1 sample never got its samples back: the simulator's transient16 seed 33).
@@ -60,7 +62,6 @@ MIN_AFTER = 3  # updates after a change before it is read (provisionally, until 
 CAP = 3.0  # standard errors beyond which a rank's change counts no more (its cost moved)
 MIN_SHIFT = math.log(1.25)  # a window whose halves differ by this much holds a cost shift
 CHI2 = 3.84  # the score's rise that bounds the range (95% for one parameter)
-SIGMA_FLOOR = 0.03  # no machine is steadier than this (log units)
 # The prior: log(1 + F) is 0 give or take this much (a fixed part of 1.7 samples costs the
 # fit as much as one rank's change one standard error off, 6.4 samples as much as two). This
 # project's 2-core box measured about 1 sample (session 17's fixed arms, tests/support/
@@ -177,7 +178,7 @@ class FixedPart:
                 continue
             before, after = windows
             read += 1
-            se = 1.2533 * sigma * math.sqrt(1 / len(before) + 1 / len(after))
+            se = MEDIAN_SE * sigma * math.sqrt(1 / len(before) + 1 / len(after))
             for r in range(self.world):
                 moved = _median(after, r) - _median(before, r)
                 terms.append((moved, se, c.before, c.after, r))
@@ -216,7 +217,7 @@ def _scatter(windows: list[list[list[float]]]) -> float:
         for r in range(len(rows[0])):
             mid = _median(rows, r)
             devs += [abs(row[r] - mid) for row in rows]
-    return max(1.4826 * statistics.median(devs), SIGMA_FLOOR)
+    return max(MAD_SIGMA * statistics.median(devs), SIGMA_FLOOR)
 
 
 def _steady(rows: list[list[float]], sigma: float) -> bool:
@@ -225,7 +226,7 @@ def _steady(rows: list[list[float]], sigma: float) -> bool:
     if half < 3:
         return True  # too few to tell
     first, second = rows[:half], rows[-half:]
-    se = 1.2533 * sigma * math.sqrt(2 / half)
+    se = MEDIAN_SE * sigma * math.sqrt(2 / half)
     return all(
         abs(_median(second, r) - _median(first, r)) < max(MIN_SHIFT, 3 * se)
         for r in range(len(rows[0]))
