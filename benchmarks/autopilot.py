@@ -7,8 +7,9 @@
 to 4 cores of their own (taskset) with one BLAS thread a rank, so runs do not disturb each
 other; the order of the runs still interleaves arms and repeats.
 
-Four ranks on this machine, each slowed by --simulate-slowdown (a rank sleeps (f-1) x its
-compute per microstep), in four scenarios of 100 updates:
+Four ranks on this machine, each slowed by --simulate-slowdown (a rank waits (f-1) x its
+compute per microstep: spinning on its core where each rank has one, else asleep;
+--slowdown), in four scenarios of 100 updates:
 
 - `moving`   (issues 14 and 19): 2,1,1,1 then 1,1,3,1 from update 50, global batch 8 (as
   before) and 16;
@@ -129,14 +130,15 @@ def run(
     slow: str,
     *extra: str,
     cores: list[int] | None = None,
+    busy: bool = False,
 ) -> dict:
-    """One run of local ranks, one a batch of `split`; on `cores` if given (`rank_env`)."""
+    """One run of local ranks, one a batch of `split`; on `cores` if given (`rank_env`); a
+    slowed rank spins out its slowdown where `busy` (`slowdown_args`)."""
     t0 = time.monotonic()
     train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *MODEL)
     train += ("--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000")
-    if slow:
-        train += ("--simulate-slowdown", slow)
     world = len(split)
+    train += slowdown_args(slow, busy)
     args = launch_args(world, data, out, *train, *extra, launch_opts=("--backend", "ring"))
     # the launcher and mlx.launch mostly wait; the ranks spread over the cores
     pin = ["taskset", "-c", ",".join(map(str, cores))] if cores else []
@@ -159,10 +161,27 @@ def rank_env(world: int, cores: list[int] | None = None, env=None) -> dict[str, 
     sleeps its slowdown (four ranks on this 2-core box keep the default, as every run before
     session 35 did)."""
     env = dict(fleet_env() if env is None else env)
-    if cores or world <= len(cores_of("")):
+    if own_cores(world, cores):
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[name] = "1"
     return env
+
+
+def own_cores(world: int, cores: list[int] | None = None) -> bool:
+    """Whether each of `world` ranks has a core: pinned to a run's own `cores` (4 a run), or
+    no more of them than this machine has."""
+    return bool(cores) or world <= len(cores_of(""))
+
+
+def slowdown_args(slow: str, busy: bool) -> tuple[str, ...]:
+    """`fleet train`'s flags for the slowdown schedule `slow` ("" none). `busy`: a slowed
+    rank spins out its slowdown, as a slower machine keeps its own core busy; where ranks
+    share cores (four on this 2-core box) it sleeps, lending its core to its peers, as every
+    run before session 37 did. With two ranks a core each, a sleeping rank made its peer's
+    time scatter 3-8x wider while slowed (session 37, benchmarks/RESULTS.md)."""
+    if not slow:
+        return ()
+    return ("--simulate-slowdown", slow, *(("--simulate-slowdown-busy",) if busy else ()))
 
 
 def logged(out: Path) -> dict:
@@ -465,6 +484,13 @@ def main() -> int:
         "--deadline", type=float, default=0, help="start no run after this many seconds (0: none)"
     )
     ap.add_argument(
+        "--slowdown",
+        choices=("auto", "busy", "sleep"),
+        default="auto",
+        help="how a slowed rank waits out its slowdown: spinning on its core (busy) or asleep; "
+        "auto (the default): busy where each rank has a core, asleep where they share",
+    )
+    ap.add_argument(
         "--sim", type=int, default=0, help="no ranks: this many seeds in the simulator (0: off)"
     )
     ap.add_argument(
@@ -587,10 +613,12 @@ def main() -> int:
             return
         try:
             out = tmp / f"{name}-{arm}-{rep}"
-            r = run(data, out, split, updates, slow, *extra, cores=mine)
+            mode = args.slowdown
+            busy = mode == "busy" or (mode == "auto" and own_cores(len(split), mine))
+            r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy)
         finally:
             slots.put(mine)
-        r["cores"] = mine
+        r["cores"], r["slowdown"] = mine, "busy" if busy else "sleep"
         results[name][arm][rep] = r
         rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""

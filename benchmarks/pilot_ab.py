@@ -34,8 +34,10 @@ from autopilot import (
     MODEL,
     SCENARIOS,
     logged,
+    own_cores,
     rank_env,
     schedule,
+    slowdown_args,
     throughput,
     unjustified,
     world_of,
@@ -45,10 +47,12 @@ from autopilot import (
 RUNS = {**SCENARIOS, **{name: (",".join("1" * w) + "@0", 16, 500) for name, w in EQUAL.items()}}
 
 
-def one(tree: Path, data: Path, out: Path, scenario: str) -> dict:
-    """One pilot run with `tree`'s trainer (a child process importing from that tree)."""
+def one(tree: Path, data: Path, out: Path, scenario: str, slowdown: str = "auto") -> dict:
+    """One pilot run with `tree`'s trainer (a child process importing from that tree); a
+    slowed rank waits as autopilot.py's `--slowdown` says."""
     slow, total, updates = RUNS[scenario]
     world = world_of(schedule(slow)[0])
+    busy = slowdown == "busy" or (slowdown == "auto" and own_cores(world))
     split = ",".join([str(total // world)] * world)
     code = f"""
 import sys
@@ -56,7 +60,7 @@ sys.path.insert(0, {str(tree)!r})
 from tests.support.fleet import launch_args, run_fleet
 train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000",
-         "--simulate-slowdown", {slow!r}, "--autopilot")
+         *{slowdown_args(slow, busy)!r}, "--autopilot")
 run_fleet(*launch_args({world}, {str(data)!r}, {str(out)!r}, *train,
                       launch_opts=("--backend", "ring")), timeout=900)
 """
@@ -84,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trees", nargs=2, required=True, help="two checkouts to compare")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scenarios", default="moving16", help=f"of {', '.join(RUNS)}")
+    p.add_argument(
+        "--slowdown",
+        choices=("auto", "busy", "sleep"),
+        default="auto",
+        help="as autopilot.py's (sleep for a tree from before session 37: it has no busy one)",
+    )
     a = p.parse_args(argv)
     scenarios = a.scenarios.split(",")
     if set(scenarios) - set(RUNS):
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in scenarios:
             for i, tree in enumerate(trees if rep % 2 == 0 else trees[::-1]):
                 out = tmp / f"run-{name}-{rep}-{i}"
-                print(json.dumps(one(tree, data, out, name)), flush=True)
+                print(json.dumps(one(tree, data, out, name, a.slowdown)), flush=True)
     return 0
 
 

@@ -159,7 +159,7 @@ def open_run(
         shard=shard,
         templates=templates,
         tensor_group=layout.tensor_group,
-        **({"factor": factor} if slowed else {}),
+        **({"factor": factor, "busy": cfg.simulate_slowdown_busy} if slowed else {}),
     )
     stepper.limit = limit
     commands = CommandQueue()

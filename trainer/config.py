@@ -216,6 +216,11 @@ class TrainConfig:
         "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep; a schedule "
         "changes them from an update on: 2,1,1,1@0;1,1,3,1@50 (for tests and demos)",
     )
+    simulate_slowdown_busy: bool = _f(
+        False,
+        "a slowed rank waits on its core (spins) instead of sleeping, as a slower machine "
+        "would keep its own: for ranks that each have a core of this machine",
+    )
     simulate_peak_gb: str = _f(
         "", "GiB added to the peak memory each rank reports, e.g. 0,0,3 (tests and demos)"
     )
@@ -660,7 +665,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "alert_command",
         "alert_every",
     ),
-    "demo aids": ("simulate_slowdown", "simulate_peak_gb"),
+    "demo aids": ("simulate_slowdown", "simulate_slowdown_busy", "simulate_peak_gb"),
 }
 _grouped = [name for names in GROUPS.values() for name in names]
 assert sorted(_grouped) == sorted(FIELDS), "every TrainConfig field belongs to one help group"

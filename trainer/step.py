@@ -590,16 +590,26 @@ def _assign(tree, new) -> None:
 
 class SlowedStepper(Stepper):
     """A stand-in for a slower machine, for tests and demos: each microstep takes `factor()`
-    times as long (it computes, then sleeps for the difference). `factor` is asked at each
-    microstep, so a schedule can change it mid-run."""
+    times as long (it computes, then waits out the difference). `factor` is asked at each
+    microstep, so a schedule can change it mid-run. It waits asleep, or with `busy` on its
+    core (a spin): a slower machine keeps its own cores, and a sleeping rank frees one to the
+    ranks beside it on this machine. Two ranks a core each on the project's 2-core box: with
+    sleep, slowing one rank 1.5-3x widened the scatter of their time ratio from 0.02-0.05 to
+    0.06-0.24 (log units; session 37, benchmarks/RESULTS.md)."""
 
-    def __init__(self, *args, factor: Callable[[], float], **kwargs) -> None:
+    def __init__(self, *args, factor: Callable[[], float], busy: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.factor = factor
+        self.factor, self.busy = factor, busy
 
     def microstep(self, acc: Tree, loss_sum: mx.array, ntok: mx.array, batch: mx.array):
         t0 = time.perf_counter()
         out = super().microstep(acc, loss_sum, ntok, batch)
         mx.eval(out)
-        time.sleep(max(0.0, self.factor() - 1) * (time.perf_counter() - t0))
+        now = time.perf_counter()
+        extra = max(0.0, self.factor() - 1) * (now - t0)
+        if not self.busy:
+            time.sleep(extra)
+            return out
+        while time.perf_counter() < now + extra:
+            pass  # a spin; the rank's other threads get the GIL every few ms all the same
         return out

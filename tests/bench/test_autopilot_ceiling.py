@@ -72,3 +72,18 @@ def test_ranks_with_a_core_each_get_one_blas_thread_and_ranks_sharing_cores_the_
     assert "OPENBLAS_NUM_THREADS" not in bench.rank_env(cores + 1)
     assert bench.rank_env(cores + 1, [0, 1, 2, 3])["OPENBLAS_NUM_THREADS"] == "1"
     assert bench.world_of(bench.schedule("1,1@0;1,3@30")[0]) == 2
+
+
+def test_a_slowed_rank_spins_only_where_it_has_a_core_of_its_own():
+    """Spinning, a slowed rank keeps its core as a slower machine keeps its own; where ranks
+    share cores it would take its peers' time, and sleeps (as every run before session 37)."""
+    cores = len(bench.cores_of(""))
+    assert bench.own_cores(cores) and bench.own_cores(cores + 1, [0, 1, 2, 3])
+    assert not bench.own_cores(cores + 1)
+    assert bench.slowdown_args("1,3@30", busy=True) == (
+        "--simulate-slowdown",
+        "1,3@30",
+        "--simulate-slowdown-busy",
+    )
+    assert bench.slowdown_args("1,3@30", busy=False) == ("--simulate-slowdown", "1,3@30")
+    assert bench.slowdown_args("", busy=True) == ()
