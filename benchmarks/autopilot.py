@@ -39,7 +39,10 @@ to one whose (simulated) cost did not make it faster, under any fixed part of a 
 (`unjustified`; the simulator knows its fixed part and counts by it); and judged by what the
 ranks measured instead (`unmeasured`: the box can make a rank faster or slower than its
 schedule says, as the H200 host's cores do).
-Runs are interleaved across repeats, so a busy spell of the machine hits every arm alike.
+Runs are interleaved across repeats, so a busy spell of the machine hits every arm alike. It
+still moves one arm against the others: the summary says how fast each repeat's arms ran
+before any slowdown or move (`ms_a_sample_before`, `pace`) and how far equal ranks drifted
+apart (`rank_ratio_5_95`, `rank_band`); judge a repeat whose arms ran alike.
 """
 
 from __future__ import annotations
@@ -410,6 +413,36 @@ def ceilings(plan_fixed, lags=(1, 3, 5)) -> dict:
     return out
 
 
+def pace(run: dict, until: int) -> float | None:
+    """The median ms a sample of a run's ranks over updates FROM to `until` (before any
+    slowdown), and before its first move: how fast the machine ran it. The 2-core box read
+    10.0-11.8 on quiet days and 12-18 on noisy ones (sessions 35-37), when a noisy spell in
+    one arm moves its ratio to the others by 10-25%. None without figures (files from before
+    session 17)."""
+    if "figures" not in run:
+        return None
+    end = min([until, *(step for step, _, _ in run.get("changes", []))])
+    figures = {int(t): row for t, row in run["figures"].items()}
+    ms = [1e3 * c / b for t in range(FROM, end) for b, c in figures.get(t, [])]
+    return statistics.median(ms) if ms else None
+
+
+def rank_band(run: dict) -> list[float] | None:
+    """The 5% and 95% quantiles of each rank's compute over rank 0's, at updates where all
+    ranks ran equal batches: how far equal ranks drifted apart (an equal pair read 0.89-1.10
+    on quiet days, 0.7-1.4 on noisy ones). None without figures."""
+    ratios = [
+        c / row[0][1]
+        for row in run.get("figures", {}).values()
+        if len({b for b, _ in row}) == 1
+        for _, c in row[1:]
+    ]
+    if len(ratios) < 20:
+        return None
+    q = statistics.quantiles(ratios, n=20)
+    return [q[0], q[-1]]
+
+
 def _spread(values: list[float]) -> dict:
     """The median, the least and the most of `values`, and each (in repeat order)."""
     return {
@@ -673,8 +706,11 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
                 reactions.append(after[0] - first + 1 if after else None)
             oracle = tokens / seconds
             best_rate = throughput(results[name][best][rep], whole)
+            calm = phases[1][0] + lag if len(phases) > 1 else updates  # the first slowed
+            paces = [pace(results[name][a][rep], calm) for a in arms]
             rows.append(
                 {
+                    "pace": None if None in paces else [min(paces), max(paces)],
                     "best_fixed": best,
                     "vs_best_fixed": mine / best_rate,
                     "vs_oracle": mine / oracle,
@@ -713,6 +749,10 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
             "moves_the_figures_did_not_call_for": [
                 r["moves_the_figures_did_not_call_for"] for r in rows
             ],
+            # how fast the machine ran each repeat's arms before any slowdown or move (the
+            # least and the most of their ms a sample, `pace`): judge a repeat by the others
+            # only where they ran alike
+            "ms_a_sample_before": [r["pace"] for r in rows],
         }
     for name in EQUAL:
         done = [r for r in results.get(name, {}).get("pilot", []) if r is not None]
@@ -721,6 +761,8 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
                 "updates": equal_updates,
                 "changes": [len(r["changes"]) for r in done],
                 "moves_the_figures_did_not_call_for": [_judged(r, fixed_parts) for r in done],
+                "rank_ratio_5_95": [rank_band(r) for r in done],
+                "ms_a_sample_before": [pace(r, equal_updates) for r in done],
             }
     return summary
 

@@ -153,3 +153,32 @@ def test_a_phase_whose_split_in_place_is_already_as_fast_as_any_is_kept():
         runs = fake_runs(0, "gradual16", changes)
         summary = bench.summarize(plans, runs, 0, (0.0, 6.0))
         assert summary["gradual16"]["reactions"] == [reactions]
+
+
+def test_the_summary_says_how_fast_the_machine_ran_each_arm_before_any_slowdown_or_move():
+    """A noisy spell in one arm moves its ratio to the others: each repeat carries the least
+    and the most ms a sample of its arms before the first slowed update (moving8: 50) and
+    before the pilot's first move; equal ranks, how far apart they drifted."""
+    plans = bench.plan({"moving8"}, (0.0, 6.0))
+    runs = fake_runs(20)
+    for arm, reps in runs["moving8"].items():
+        ms = 20.0 if arm == "even" else 10.0  # a noisy spell in the even arm's first phase
+        reps[0] = dict(reps[0], figures={
+            str(t): [[b, (ms if t < 50 else 99.0) * b / 1e3] for b in plans["moving8"][5][arm]]
+            for t in range(1, 101)
+        })  # fmt: skip
+    # the pilot's ranks ran slower from its move at 20 on: not read
+    pilot = runs["moving8"]["pilot"][0]
+    pilot["figures"] = {t: [[b, c * (3 if int(t) > 20 else 1)] for b, c in row]
+                        for t, row in pilot["figures"].items()}  # fmt: skip
+    summary = bench.summarize(plans, runs, 0, (0.0, 6.0))["moving8"]
+    assert summary["ms_a_sample_before"] == [[pytest.approx(10.0), pytest.approx(20.0)]]
+    assert bench.pace({"changes": []}, 50) is None  # a file from before the figures were kept
+
+    equal = {"changes": [], "figures": {
+        str(t): [[4, 0.1], [4, 0.1 * (1.2 if t % 10 == 0 else 1.0)], [3, 0.5]][: 2 + (t > 80)]
+        for t in range(1, 101)
+    }}  # fmt: skip
+    # updates 81-100 are under unequal batches: not read; 8 of 80 read 1.2
+    assert bench.rank_band(equal) == [pytest.approx(1.0), pytest.approx(1.2)]
+    assert bench.rank_band({"changes": [], "figures": {}}) is None
