@@ -180,8 +180,9 @@ def slowdown_args(slow: str, busy: bool) -> tuple[str, ...]:
     """`fleet train`'s flags for the slowdown schedule `slow` ("" none). `busy`: a slowed
     rank spins out its slowdown, as a slower machine keeps its own core busy; where ranks
     share cores (four on this 2-core box) it sleeps, lending its core to its peers, as every
-    run before session 37 did. With two ranks a core each, a sleeping rank made its peer's
-    time scatter 3-8x wider while slowed (session 37, benchmarks/RESULTS.md)."""
+    run before session 37 did. With two ranks a core each, the scatter of their time ratio
+    (log) was 0.02-0.05 at 1x and up to 0.16-0.24 while one slept a 3x slowdown (session 37,
+    benchmarks/RESULTS.md)."""
     if not slow:
         return ()
     return ("--simulate-slowdown", slow, *(("--simulate-slowdown-busy",) if busy else ()))
@@ -706,8 +707,8 @@ def summarize(plans, results, equal_updates, fixed_parts=(0.0, 6.0), lag: int = 
                 reactions.append(after[0] - first + 1 if after else None)
             oracle = tokens / seconds
             best_rate = throughput(results[name][best][rep], whole)
-            calm = phases[1][0] + lag if len(phases) > 1 else updates  # the first slowed
-            paces = [pace(results[name][a][rep], calm) for a in arms]
+            slowed = phases[1][0] + lag if len(phases) > 1 else updates  # the first slowed update
+            paces = [pace(results[name][a][rep], slowed) for a in arms]
             rows.append(
                 {
                     "pace": None if None in paces else [min(paces), max(paces)],
