@@ -112,6 +112,7 @@ SCENARIOS = {
 }
 # Equal ranks, none slowed (--equal-updates, global batch 16): the changes the pilot makes.
 EQUAL = {"equal": 4, "pair-equal": 2}
+SLOWDOWNS = ("auto", "busy", "sleep")  # --slowdown's choices: see `spins`
 
 
 def cores_of(text: str) -> list[int]:
@@ -174,6 +175,12 @@ def own_cores(world: int, cores: list[int] | None = None) -> bool:
     """Whether each of `world` ranks has a core: pinned to a run's own `cores` (4 a run), or
     no more of them than this machine has."""
     return bool(cores) or world <= len(cores_of(""))
+
+
+def spins(mode: str, world: int, cores: list[int] | None = None) -> bool:
+    """Whether a slowed rank spins out its slowdown under --slowdown `mode` (auto: where each
+    of `world` ranks has a core, `own_cores`)."""
+    return mode == "busy" or (mode == "auto" and own_cores(world, cores))
 
 
 def slowdown_args(slow: str, busy: bool) -> tuple[str, ...]:
@@ -519,7 +526,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--slowdown",
-        choices=("auto", "busy", "sleep"),
+        choices=SLOWDOWNS,
         default="auto",
         help="how a slowed rank waits out its slowdown: spinning on its core (busy) or asleep; "
         "auto (the default): busy where each rank has a core, asleep where they share",
@@ -647,8 +654,7 @@ def main() -> int:
             return
         try:
             out = tmp / f"{name}-{arm}-{rep}"
-            mode = args.slowdown
-            busy = mode == "busy" or (mode == "auto" and own_cores(len(split), mine))
+            busy = spins(args.slowdown, len(split), mine)
             r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy)
         finally:
             slots.put(mine)

@@ -33,11 +33,12 @@ from autopilot import (
     FROM,
     MODEL,
     SCENARIOS,
+    SLOWDOWNS,
     logged,
-    own_cores,
     rank_env,
     schedule,
     slowdown_args,
+    spins,
     throughput,
     unjustified,
     world_of,
@@ -52,7 +53,7 @@ def one(tree: Path, data: Path, out: Path, scenario: str, slowdown: str = "auto"
     slowed rank waits as autopilot.py's `--slowdown` says."""
     slow, total, updates = RUNS[scenario]
     world = world_of(schedule(slow)[0])
-    busy = slowdown == "busy" or (slowdown == "auto" and own_cores(world))
+    busy = spins(slowdown, world)
     split = ",".join([str(total // world)] * world)
     code = f"""
 import sys
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="moving16", help=f"of {', '.join(RUNS)}")
     p.add_argument(
         "--slowdown",
-        choices=("auto", "busy", "sleep"),
+        choices=SLOWDOWNS,
         default="auto",
         help="as autopilot.py's (sleep for a tree from before session 37: it has no busy one)",
     )

@@ -80,6 +80,8 @@ def test_a_slowed_rank_spins_only_where_it_has_a_core_of_its_own():
     cores = len(bench.cores_of(""))
     assert bench.own_cores(cores) and bench.own_cores(cores + 1, [0, 1, 2, 3])
     assert not bench.own_cores(cores + 1)
+    assert bench.spins("auto", cores) and not bench.spins("auto", cores + 1)
+    assert bench.spins("busy", cores + 1) and not bench.spins("sleep", cores)
     assert bench.slowdown_args("1,3@30", busy=True) == (
         "--simulate-slowdown",
         "1,3@30",
