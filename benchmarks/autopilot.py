@@ -426,7 +426,7 @@ def pace(run: dict, until: int) -> float | None:
     slowdown), and before its first move: how fast the machine ran it. The 2-core box read
     10.0-11.8 on quiet days and 12-18 on noisy ones (sessions 35-37), when a noisy spell in
     one arm moves its ratio to the others by 10-25%. None without figures (files from before
-    session 17)."""
+    session 12)."""
     if "figures" not in run:
         return None
     end = min([until, *(step for step, _, _ in run.get("changes", []))])

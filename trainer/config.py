@@ -213,7 +213,8 @@ class TrainConfig:
     )
     simulate_slowdown: str = _f(
         "",
-        "per-rank factors, e.g. 1,1,2: sleep (f-1) x compute per microstep; a schedule "
+        "per-rank factors, e.g. 1,1,2: wait (f-1) x compute per microstep (asleep, or "
+        "spinning with --simulate-slowdown-busy); a schedule "
         "changes them from an update on: 2,1,1,1@0;1,1,3,1@50 (for tests and demos)",
     )
     simulate_slowdown_busy: bool = _f(

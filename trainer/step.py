@@ -607,9 +607,9 @@ class SlowedStepper(Stepper):
         mx.eval(out)
         now = time.perf_counter()
         extra = max(0.0, self.factor() - 1) * (now - t0)
-        if not self.busy:
+        if self.busy:
+            while time.perf_counter() < now + extra:
+                pass  # a spin; the rank's other threads get the GIL every few ms all the same
+        else:
             time.sleep(extra)
-            return out
-        while time.perf_counter() < now + extra:
-            pass  # a spin; the rank's other threads get the GIL every few ms all the same
         return out
