@@ -21,7 +21,7 @@ from telemetry.files import atomic_write
 from telemetry.hub import Hub, ServerOptions
 from telemetry.records import PROTOCOL_VERSION, Hello, run_id_of
 from telemetry.reporter import Reporter
-from trainer import cuda_graphs, heartbeat, memory, run_ahead
+from trainer import cuda_graphs, heap, heartbeat, memory, run_ahead
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
 from trainer.checkpoint import catalog, store
@@ -82,6 +82,7 @@ def open_run(
     applied += memory.apply_limits(
         cfg.per_rank("cache_limit_gb", world, rank), cfg.per_rank("wired_limit_gb", world, rank)
     )
+    applied += [line] if (line := heap.hold()) else []  # before the model's first arrays
     if mx.cuda.is_available():
         applied += [graphs, ahead]
     data = open_data(cfg)

@@ -20,7 +20,7 @@ from telemetry import parallelism, sysmem
 from telemetry.control import CommandQueue
 from telemetry.records import Event, Update
 from telemetry.reporter import NullReporter, Reporter
-from trainer import heartbeat, memory
+from trainer import heap, heartbeat, memory
 from trainer.alerts import Alerts
 from trainer.autopilot import Autopilot
 from trainer.checkpoint import catalog, store
@@ -300,6 +300,8 @@ class Run:
 
     def rebalance(self, split: list[int]) -> None:
         """Take a new batch split from this boundary on (same global batch: same math)."""
+        me = self.layout.replica
+        heap.resized(self.state.split[me], split[me])
         self.state.split = self.identity["split"] = split
         self.reporter.set_hello(local_batch=split[self.layout.replica])
 

@@ -1,0 +1,80 @@
+"""glibc's heap, held between updates: a rank whose batch grows does not fault its pages in anew.
+
+On Linux, MLX's CPU allocator is plain malloc, and glibc adapts its thresholds as it goes: a
+freed block under the mmap threshold goes back to the heap, and the heap's free top is given
+back to the system once it passes the trim threshold, both raised to the largest block freed
+so far. A rank that starts at its batch settles; one that grows into a batch larger than any it
+freed keeps giving its pages back and taking them anew. Measured here (session 38,
+benchmarks/RESULTS.md): about 14,000 minor page faults an update at 12 samples after 8, against
+0-1,700 at 12 from the start, and two ranks each a core, rank 0 moved to 12 by the pilot read
+1.25-1.7x dearer a sample than the rank that started there (and in every pilot arm of sessions
+35-36's pair runs, 2-15%): the pilot read a rank that took samples as dearer than it is. Fixed
+thresholds (mmap only above MMAP_THRESHOLD, no trim of the top under TRIM_THRESHOLD) took it to
+0 faults at every batch. What a rank frees is then kept for its next update; `release` gives it
+back where the batch shrinks (`resized`: a rank relieved for memory).
+
+macOS (the fleet's own machines) has its own malloc and Metal its own buffer cache: nothing to
+do there. The environment's own malloc settings (MALLOC_*_, GLIBC_TUNABLES) are left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+
+MiB = 1 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+# glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): a block above it is
+# mapped and unmapped each time whatever is set (MLX's largest arrays at a big model's size)
+MMAP_THRESHOLD = 32 * MiB
+TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the heap's free top is never trimmed itself
+SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+_held = False
+
+
+def _libc() -> ctypes.CDLL | None:
+    """This process's C library where it is glibc's, else None."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL(None)
+
+
+def chosen(env: dict[str, str] | None = None) -> bool:
+    """Whether the environment sets glibc's malloc itself."""
+    env = os.environ if env is None else env
+    return any(k in env for k in SETTINGS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
+
+
+def hold() -> str | None:
+    """Fix glibc's mmap and trim thresholds for this process (see the module docstring); the
+    line for the run's log, or None where there is no glibc."""
+    global _held
+    libc = _libc()
+    if libc is None:
+        return None
+    if chosen():
+        return "heap: glibc's malloc as the environment sets it"
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(
+        M_TRIM_THRESHOLD, TRIM_THRESHOLD
+    )
+    _held = bool(ok)
+    if not ok:
+        return "heap: glibc's own thresholds (mallopt refused)"
+    return f"heap held (glibc: what a rank frees under {MMAP_THRESHOLD // MiB} MiB is reused)"
+
+
+def resized(old: int, new: int) -> None:
+    """A rank's local batch changed from `old` to `new` samples: where it shrank (a rank
+    relieved for memory), what the larger batch freed goes back to the system."""
+    if new < old:
+        release()
+
+
+def release() -> None:
+    """Give the heap's free memory back to the system, where `hold` kept it (a few ms)."""
+    libc = _libc() if _held else None
+    if libc is not None:
+        libc.malloc_trim(0)
