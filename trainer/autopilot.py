@@ -432,13 +432,14 @@ class Autopilot:
                 return split, gain, why
         # A move back to the split the last one left, within `cooldown` of it and no rank's
         # cost moved since: the costs read at the two splits disagree on which is faster.
-        # Costs per sample read at one split need not hold at another (on this box a batch
-        # of 9 costs 10-20% more a sample than one of 7 or 8: the rank at 9 reads dearer
-        # whichever it is, and session 35's K r2 went 7,9 <-> 9,7 four times, each move
-        # predicted 10-20% faster). The update's time on the way from one split to the other
-        # is the slowest of ranks each growing or shrinking with its batch: it falls, then
-        # rises, so the fastest lies between. Halfway, where there is a split between.
-        # (Unless that change measurably made the update slower: a mistake, undone whole.)
+        # Costs per sample read at one split need not hold at another (session 35's K r2
+        # went 7,9 <-> 9,7 four times, each move predicted 10-20% faster: a rank that had
+        # grown to 9 read dearer, whichever it was; glibc's heap, trainer/heap.py, faulting
+        # 9,000 pages an update in, held since session 38). The update's time on the way
+        # from one split to the other is the slowest of ranks each growing or shrinking with
+        # its batch: it falls, then rises, so the fastest lies between. Halfway, where there
+        # is a split between. (Unless that change measurably made the update slower: a
+        # mistake, undone whole.)
         if calm and new == self.left and not self._made_slower():
             mid = halfway(split, new)
             if mid != split:

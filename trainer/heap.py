@@ -5,13 +5,14 @@ freed block under the mmap threshold goes back to the heap, and the heap's free 
 back to the system once it passes the trim threshold, both raised to the largest block freed
 so far. A rank that starts at its batch settles; one that grows into a batch larger than any it
 freed keeps giving its pages back and taking them anew. Measured here (session 38,
-benchmarks/RESULTS.md): about 14,000 minor page faults an update at 12 samples after 8, against
-0-1,700 at 12 from the start, and two ranks each a core, rank 0 moved to 12 by the pilot read
-1.25-1.7x dearer a sample than the rank that started there (and in every pilot arm of sessions
-35-36's pair runs, 2-15%): the pilot read a rank that took samples as dearer than it is. Fixed
-thresholds (mmap only above MMAP_THRESHOLD, no trim of the top under TRIM_THRESHOLD) took it to
-0 faults at every batch. What a rank frees is then kept for its next update; `release` gives it
-back where the batch shrinks (`resized`: a rank relieved for memory).
+benchmarks/RESULTS.md): the trainer's Stepper at 12 samples after 8 took about 14,000 minor
+page faults an update, against 1,700 at 12 from the start; with the thresholds fixed (mmap only
+above MMAP_THRESHOLD, no trim of the heap's top under TRIM_THRESHOLD), 0 at either. In sessions
+35-36's quiet pair runs, the rank the pilot had given samples read 2-15% dearer a sample than
+the same rank at the same split in the fixed arm (10-15% in the transient's slow phase), and
+the pilot steered by it: a rank that took samples looked dearer than it was. What a rank frees
+is now kept for its next update; `release` gives it back where the batch shrinks (`resized`: a
+rank relieved for memory).
 
 macOS (the fleet's own machines) has its own malloc and Metal its own buffer cache: nothing to
 do there. The environment's own malloc settings (MALLOC_*_, GLIBC_TUNABLES) are left alone.

@@ -55,8 +55,8 @@ def _faults(mode: str) -> list[int]:
 @glibc
 def test_a_rank_whose_batch_grew_faults_no_pages_in_an_update_once_its_heap_is_held():
     """glibc's own thresholds give the pages of a grown batch back and take them anew every
-    update (about 14,000 faults an update here, session 38): the rank reads 10-70% dearer a
-    sample than one that started at that batch, and the pilot misreads it."""
+    update (about 14,000 faults an update here, session 38): a rank the pilot gave samples
+    read 2-15% dearer a sample than the same rank started at that batch (sessions 35-36)."""
     held, own = _faults("held"), _faults("own")
     assert max(held) < 200, held
     # the pattern itself, so that the first assertion means something on this glibc
