@@ -9,7 +9,7 @@ benchmarks/RESULTS.md): the trainer's Stepper at 12 samples after 8 took about 1
 page faults an update, against 1,700 at 12 from the start; with the thresholds fixed (mmap only
 above MMAP_THRESHOLD, no trim of the heap's top under TRIM_THRESHOLD), 0 at either. In sessions
 35-36's quiet pair runs, the rank the pilot had given samples read 2-15% dearer a sample than
-the same rank at the same split in the fixed arm (10-15% in the transient's slow phase), and
+the same rank at the same split in the fixed arm (7-15% in the transient's slow phase), and
 the pilot steered by it: a rank that took samples looked dearer than it was. What a rank frees
 is now kept for its next update; `release` gives it back where the batch shrinks (`resized`: a
 rank relieved for memory).
@@ -30,7 +30,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): a block above it is
 # mapped and unmapped each time whatever is set (MLX's largest arrays at a big model's size)
 MMAP_THRESHOLD = 32 * MiB
-TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: the heap's free top is never trimmed itself
+TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: glibc trims no free top under 2 GiB itself
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 _held = False
