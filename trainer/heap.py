@@ -25,7 +25,8 @@ import os
 import platform
 import sys
 
-MiB = 1 << 20
+from telemetry.units import MiB
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): a block above it is
 # mapped and unmapped each time whatever is set (MLX's largest arrays at a big model's size)
