@@ -303,7 +303,7 @@ class Run:
         me = self.layout.replica
         heap.resized(self.state.split[me], split[me])
         self.state.split = self.identity["split"] = split
-        self.reporter.set_hello(local_batch=split[self.layout.replica])
+        self.reporter.set_hello(local_batch=split[me])
 
     # --- signs of life for the peers and the launcher (trainer/heartbeat.py)
     def beat(self, stage: str, since: float) -> None:
