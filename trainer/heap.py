@@ -11,8 +11,8 @@ above MMAP_THRESHOLD, no trim of the heap's top under TRIM_THRESHOLD), 0 at eith
 35-36's quiet pair runs, the rank the pilot had given samples read 2-15% dearer a sample than
 the same rank at the same split in the fixed arm (7-15% in the transient's slow phase), and
 the pilot steered by it: a rank that took samples looked dearer than it was. What a rank frees
-is now kept for its next update; `release` gives it back where the batch shrinks (`resized`: a
-rank relieved for memory).
+is now kept for its next update; `resized` gives it back where the batch shrinks (a rank
+relieved for memory).
 
 macOS (the fleet's own machines) has its own malloc and Metal its own buffer cache: nothing to
 do there. The environment's own malloc settings (MALLOC_*_, GLIBC_TUNABLES) are left alone.
@@ -34,7 +34,7 @@ MMAP_THRESHOLD = 32 * MiB
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: glibc trims no free top under 2 GiB itself
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
-_held = False
+_held: ctypes.CDLL | None = None  # the C library, once `hold` has fixed its thresholds
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -44,10 +44,10 @@ def _libc() -> ctypes.CDLL | None:
     return ctypes.CDLL(None)
 
 
-def chosen(env: dict[str, str] | None = None) -> bool:
+def _chosen() -> bool:
     """Whether the environment sets glibc's malloc itself."""
-    env = os.environ if env is None else env
-    return any(k in env for k in SETTINGS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(k in os.environ for k in SETTINGS) or "glibc.malloc." in tunables
 
 
 def hold() -> str | None:
@@ -57,26 +57,20 @@ def hold() -> str | None:
     libc = _libc()
     if libc is None:
         return None
-    if chosen():
+    if _chosen():
         return "heap: glibc's malloc as the environment sets it"
-    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(
-        M_TRIM_THRESHOLD, TRIM_THRESHOLD
-    )
-    _held = bool(ok)
-    if not ok:
+    if not (
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    ):
         return "heap: glibc's own thresholds (mallopt refused)"
+    _held = libc
     return f"heap held (glibc: what a rank frees under {MMAP_THRESHOLD // MiB} MiB is reused)"
 
 
 def resized(old: int, new: int) -> None:
     """A rank's local batch changed from `old` to `new` samples: where it shrank (a rank
-    relieved for memory), what the larger batch freed goes back to the system."""
-    if new < old:
-        release()
-
-
-def release() -> None:
-    """Give the heap's free memory back to the system, where `hold` kept it (a few ms)."""
-    libc = _libc() if _held else None
-    if libc is not None:
-        libc.malloc_trim(0)
+    relieved for memory) and `hold` kept what the larger batch freed, that goes back to the
+    system (a few ms)."""
+    if new < old and _held is not None:
+        _held.malloc_trim(0)

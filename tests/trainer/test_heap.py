@@ -41,12 +41,14 @@ print(json.dumps(faults[6:]))
 """
 
 
-def _faults(mode: str) -> list[int]:
+def _python(code: str, *args: str):
+    """What a fresh process (OpenBLAS, one thread, glibc's malloc as it comes) running `code`
+    printed last, read as JSON."""
     env = preload_env() | {"OPENBLAS_NUM_THREADS": "1"}
     for name in heap.SETTINGS:
         env.pop(name, None)
     out = subprocess.run(
-        [sys.executable, "-c", GROWN, mode], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -57,7 +59,7 @@ def test_a_rank_whose_batch_grew_faults_no_pages_in_an_update_once_its_heap_is_h
     """glibc's own thresholds give the pages of a grown batch back and take them anew every
     update (about 14,000 faults an update here, session 38): a rank the pilot gave samples
     read 2-15% dearer a sample than the same rank started at that batch (sessions 35-36)."""
-    held, own = _faults("held"), _faults("own")
+    held, own = _python(GROWN, "held"), _python(GROWN, "own")
     assert max(held) < 200, held
     # the pattern itself, so that the first assertion means something on this glibc
     assert sorted(own)[len(own) // 2] > 2000, own
@@ -82,7 +84,7 @@ class FakeLibc:
 def libc(monkeypatch):
     fake = FakeLibc()
     monkeypatch.setattr(heap, "_libc", lambda: fake)
-    monkeypatch.setattr(heap, "_held", False)
+    monkeypatch.setattr(heap, "_held", None)
     for name in (*heap.SETTINGS, "GLIBC_TUNABLES"):
         monkeypatch.delenv(name, raising=False)
     return fake
@@ -118,7 +120,7 @@ def test_a_rank_whose_batch_shrank_gives_its_held_heap_back_and_one_that_grew_ke
 
 def test_no_glibc_no_change(monkeypatch):
     monkeypatch.setattr(heap, "_libc", lambda: None)
-    monkeypatch.setattr(heap, "_held", False)
+    monkeypatch.setattr(heap, "_held", None)
     assert heap.hold() is None
     heap.resized(12, 4)  # nothing to give back, and no C library asked
 
@@ -144,13 +146,6 @@ print(json.dumps([base, kept, rss()]))
 
 @glibc
 def test_what_a_held_heap_kept_goes_back_to_the_system_when_the_batch_shrinks():
-    env = preload_env()
-    for name in heap.SETTINGS:
-        env.pop(name, None)
-    out = subprocess.run(
-        [sys.executable, "-c", RELEASED], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    base, kept, after = json.loads(out.stdout)
+    base, kept, after = _python(RELEASED)
     assert kept - base > 150  # held: freed, still the process's
     assert kept - after > 150  # given back
