@@ -2,6 +2,7 @@
 
     python benchmarks/autopilot.py --repeats 3 --out /tmp/autopilot.json
     python benchmarks/autopilot.py --repeats 3 --cores 4-15 --out $OUT/autopilot.json  # 3 at once
+    python benchmarks/autopilot.py --resume A.json --out B.json  # keeps A's whole repeats
 
 --jobs runs that many runs at once (default: one per 4 of --cores), each run's ranks (4 or 2) pinned
 to 4 cores of their own (taskset) with one BLAS thread a rank, so runs do not disturb each
@@ -489,15 +490,44 @@ def plan(only, plan_fixed, lag: int = 0) -> dict:
     return plans
 
 
-def resummarized(path: Path, plan_fixed) -> dict:
-    """A results file's summary made again by this judge (the file is left as it is)."""
+def loaded(path: Path) -> dict:
+    """A results file's record, its runs' figures keyed by update again."""
     record = json.loads(path.read_text())
-    runs = record["runs"]
-    for arms in runs.values():
+    for arms in record["runs"].values():
         for r in (r for reps in arms.values() for r in reps if r is not None):
             for key in ("tokens", "update_s", "step_s"):  # JSON made the update numbers strings
                 if key in r:
                     r[key] = {int(s): v for s, v in r[key].items()}
+    return record
+
+
+def resumed(results: dict, earlier: dict) -> int:
+    """Fill `results` (scenario -> arm -> one run or None a repeat) with the whole repeats of
+    an earlier results file's runs, first repeats first: a repeat cut short (by --deadline, or
+    a call that ran out of time) is run again whole, so each repeat's arms ran on one machine
+    at one time. Returns the runs kept; raises ValueError where the earlier file ran other arms."""
+    kept = 0
+    for name, arms in results.items():
+        old = earlier.get(name)
+        if not old or not arms["pilot"]:  # not run before, or not chosen now
+            continue
+        if set(old) != set(arms):
+            raise ValueError(
+                f"{name}: the earlier file ran arms {sorted(old)}, this plan {sorted(arms)} "
+                "(another --plan-fixed?)"
+            )
+        whole = [i for i in range(len(old["pilot"])) if all(old[a][i] for a in arms)]
+        for rep, i in enumerate(whole[: len(arms["pilot"])]):
+            for arm in arms:
+                arms[arm][rep] = old[arm][i]
+                kept += 1
+    return kept
+
+
+def resummarized(path: Path, plan_fixed) -> dict:
+    """A results file's summary made again by this judge (the file is left as it is)."""
+    record = loaded(path)
+    runs = record["runs"]
     told = record.get("summary", {})
     equal = next((told[e]["updates"] for e in EQUAL if e in told), 500)
     lag = record.get("slowdown_lag", LAG_BEFORE)
@@ -518,6 +548,14 @@ def main() -> int:
         "read this box; it reads about 1 now, between the two)",
     )
     ap.add_argument("--out", default="", help="the results JSON (its folder is made)")
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="keep the whole repeats of this earlier results file (same scenarios and "
+        "--plan-fixed) and run only the rest, up to --repeats (it may be --out itself)",
+    )
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
     ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
@@ -595,18 +633,21 @@ def main() -> int:
     for j in range(jobs):  # a run takes a slot of 4 cores, and gives it back when done
         slots.put(cores[4 * j : 4 * j + 4] if pinned else None)
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
-    data = tmp / "data"
-    run_fleet("prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data))
     plans = plan(only, args.plan_fixed)
     results: dict = {
         name: {arm: [None] * args.repeats for arm in plan[5]} for name, plan in plans.items()
     }
     for name in EQUAL:
         results[name] = {"pilot": [None] * args.repeats if name in only else []}
+    if args.resume:
+        try:
+            kept = resumed(results, loaded(args.resume)["runs"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--resume {args.resume}: {e}")
+        print(f"--resume: {kept} runs kept from {args.resume}", flush=True)
     # The order interleaves arms and repeats, so a busy spell of the machine hits every arm
     # alike; each repeat's long equal-ranks run goes first, so it does not end the benchmark.
-    tasks = []
+    tasks = []  # (scenario, arm, repeat, ...): those a --resume kept are not run again
     for rep in range(args.repeats):
         for name, world in EQUAL.items():
             if name in only:
@@ -631,6 +672,7 @@ def main() -> int:
                 "pinned": pinned,
             },
             "wall_s": round(time.monotonic() - started, 1),
+            "resumed_from": str(args.resume or ""),
             "runs": results,
         }
 
@@ -658,13 +700,20 @@ def main() -> int:
             r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy)
         finally:
             slots.put(mine)
-        r["cores"], r["slowdown"] = mine, "busy" if busy else "sleep"
+        r["cores"], r["slowdown"], r["host"] = mine, "busy" if busy else "sleep", platform.node()
         results[name][arm][rep] = r
         rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""
         print(name, arm, rep, split, rate, moves, f"{r['wall_s']} s on {mine}", flush=True)
         write()
 
+    tasks = [t for t in tasks if results[t[0]][t[1]][t[2]] is None]
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
+    data = tmp / "data"
+    if tasks:
+        run_fleet(
+            "prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data)
+        )
     with ThreadPoolExecutor(jobs) as pool:
         for f in [pool.submit(one, t) for t in tasks]:
             f.result()

@@ -182,3 +182,46 @@ def test_the_summary_says_how_fast_the_machine_ran_each_arm_before_any_slowdown_
     # updates 81-100 are under unequal batches: not read; 8 of 80 read 1.2
     assert bench.rank_band(equal) == [pytest.approx(1.0), pytest.approx(1.2)]
     assert bench.rank_band({"changes": [], "figures": {}}) is None
+
+
+def test_a_resume_keeps_whole_repeats_and_runs_a_repeat_cut_short_again():
+    """Each repeat's arms must have run on one machine at one time: a repeat a call ran out
+    of time in is dropped whole, the whole ones close up (repeats 0 and 2 become 0 and 1)."""
+    plans = bench.plan({"moving8"}, (0.0, 6.0))
+    arms = plans["moving8"][5]
+    earlier = {
+        "moving8": {a: [{"n": (a, 0)}, None if a == "even" else {}, {"n": (a, 2)}] for a in arms}
+    }
+    results = {"moving8": {a: [None] * 3 for a in arms}, "equal": {"pilot": []}}
+    assert bench.resumed(results, earlier) == 2 * len(arms)
+    for a in arms:
+        assert [r and r["n"] for r in results["moving8"][a]] == [(a, 0), (a, 2), None]
+    # as many as --repeats asks for, first repeats first
+    fewer = {"moving8": {a: [None] for a in arms}, "equal": {"pilot": []}}
+    assert bench.resumed(fewer, earlier) == len(arms)
+    assert fewer["moving8"]["pilot"] == [{"n": ("pilot", 0)}]
+    other = {"moving8": {"pilot": [{}], "even": [{}]}}  # another --plan-fixed's arms
+    with pytest.raises(ValueError, match="moving8: the earlier file ran arms"):
+        bench.resumed(results, other)
+
+
+def test_a_resumed_benchmark_with_every_repeat_kept_runs_nothing_and_keeps_them(
+    tmp_path, monkeypatch, capsys
+):
+    """No rank starts (no data is even prepared): the file written holds the kept run."""
+    kept = {"changes": [[11, [8, 8], [9, 7]]], "figures": figures([1.0] * 9, split=[8, 8])}
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": {"pair-equal": {"pilot": [kept, None]}}}))
+    out = tmp_path / "out.json"
+    argv = ["autopilot.py", "--only", "pair-equal", "--repeats", "1", "--out", str(out)]
+    monkeypatch.setattr(bench, "run_fleet", lambda *a: pytest.fail(f"ran fleet {a}"))
+    monkeypatch.setattr("sys.argv", [*argv, "--resume", str(earlier)])
+    assert bench.main() == 0
+    assert "--resume: 1 runs kept" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["runs"]["pair-equal"]["pilot"][0]["changes"] == kept["changes"]
+    assert record["summary"]["pair-equal"]["changes"] == [1]
+    monkeypatch.setattr("sys.argv", [*argv, "--resume", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--resume" in capsys.readouterr().err
