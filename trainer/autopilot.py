@@ -128,6 +128,9 @@ class Autopilot:
         self.costs.skip = set(range(self.world))
         self.fixed_part = FixedPart(self.world)
         self.fresh: set[int] = set()  # ranks whose cost moved since the last change
+        # ...and for each rank whose young shift awaits confirmation, whether it was fresh before
+        # that shift began: a shift undone (spikes after all) leaves the rank as it found it
+        self.fresh_before: dict[int, bool] = {}
         self.last_split: list[int] | None = None
         # Memory per sample, and swap: the last `window` updates since the last change.
         self.samples: list[deque[balance.RankSample]] = [
@@ -172,6 +175,14 @@ class Autopilot:
         moved = self.costs.add(split, compute)
         if moved:  # what came before a rank's new cost tells nothing of the fixed part
             self.fixed_part.shifted(max(self.costs.n(r) for r in moved))
+        # A shift undone is no news: the regime before it goes on. Kept as news, it lifted the
+        # calm after a change, and a move predicted 3% faster went 10,6 -> 9,7 and back
+        # (session 39's pair-gradual16 on the GPU host's CPUs, repeat 0, at 41).
+        for r in self.costs.undone:
+            if not self.fresh_before.pop(r, True):
+                self.fresh.discard(r)
+        for r in moved:
+            self.fresh_before[r] = r in self.fresh
         self.fresh |= set(moved)
         self.since_change += 1
         slowest = max((f.compute_s for f in figures), default=0.0)
@@ -464,6 +475,7 @@ class Autopilot:
         self.streak = None
         # a rank whose new speed still awaits confirmation is news yet to answer
         self.fresh = {r for r in self.fresh if not self.costs.confirmed(r)}
+        self.fresh_before = dict.fromkeys(self.fresh, False)  # this change answered the rest
         for s in (*self.swaps, *self.samples):
             s.clear()
         self.pending = {

@@ -165,6 +165,7 @@ class Costs:
         self._fixed = 0.0
         self._floor = math.inf
         self.shift: list[Shift | None] = [None] * world  # None: a regime begun otherwise
+        self.undone: list[int] = []  # the ranks whose young shift the last `add` undid
         # Each rank's record: update -> how far a figure out of its regime was (log units,
         # + above, - below), else 0; the figures of a confirmed shift are not spikes: 0
         self.record: list[dict[int, float]] = [{} for _ in range(world)]
@@ -221,7 +222,9 @@ class Costs:
         return capped(self._fixed, batch, self._floor)
 
     def add(self, batches: Sequence[int], compute_s: Sequence[float]) -> list[int]:
-        """One update's figures; returns the ranks whose cost just moved (a new regime)."""
+        """One update's figures; returns the ranks whose cost just moved (a new regime), and
+        keeps in `undone` those whose young shift they undid."""
+        self.undone = []
         if not all(b > 0 and c > 0 for b, c in zip(batches, compute_s, strict=True)):
             return []  # an update some rank did not measure: nothing to compare with
         u, self.updates = self.updates, self.updates + 1
@@ -327,6 +330,7 @@ class Costs:
             self.regimes[r].clear()
             self.regimes[r].extend(shift.before + now)
             self.shift[r] = None
+            self.undone.append(r)
 
     def _after(self, r: int) -> tuple[int, int, int]:
         """Rank r's young shift: its side (+1 slower, -1 faster), the figures after those
