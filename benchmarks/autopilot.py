@@ -516,7 +516,9 @@ def resumed(results: dict, earlier: dict) -> int:
                 f"{name}: the earlier file ran arms {sorted(old)}, this plan {sorted(arms)} "
                 "(another --plan-fixed?)"
             )
-        whole = [i for i in range(len(old["pilot"])) if all(old[a][i] for a in arms)]
+        whole = [
+            i for i in range(len(old["pilot"])) if all(i < len(old[a]) and old[a][i] for a in arms)
+        ]
         for rep, i in enumerate(whole[: len(arms["pilot"])]):
             for arm in arms:
                 arms[arm][rep] = old[arm][i]
@@ -555,6 +557,12 @@ def main() -> int:
         metavar="JSON",
         help="keep the whole repeats of this earlier results file (same scenarios and "
         "--plan-fixed) and run only the rest, up to --repeats (it may be --out itself)",
+    )
+    ap.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="keep each run's folder (checkpoints, telemetry log) in a temporary folder, named "
+        "at the end (default: removed; --out keeps the figures)",
     )
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
@@ -647,7 +655,7 @@ def main() -> int:
         print(f"--resume: {kept} runs kept from {args.resume}", flush=True)
     # The order interleaves arms and repeats, so a busy spell of the machine hits every arm
     # alike; each repeat's long equal-ranks run goes first, so it does not end the benchmark.
-    tasks = []  # (scenario, arm, repeat, ...): those a --resume kept are not run again
+    tasks = []
     for rep in range(args.repeats):
         for name, world in EQUAL.items():
             if name in only:
@@ -657,6 +665,7 @@ def main() -> int:
             for arm, split in arms.items():
                 extra = ("--autopilot",) if arm == "pilot" else ()
                 tasks.append((name, arm, rep, split, updates, slow, extra))
+    tasks = [t for t in tasks if results[t[0]][t[1]][t[2]] is None]  # not those a --resume kept
 
     def record() -> dict:
         return {
@@ -707,16 +716,21 @@ def main() -> int:
         print(name, arm, rep, split, rate, moves, f"{r['wall_s']} s on {mine}", flush=True)
         write()
 
-    tasks = [t for t in tasks if results[t[0]][t[1]][t[2]] is None]
     tmp = Path(tempfile.mkdtemp(prefix="fleet-autopilot-"))
     data = tmp / "data"
-    if tasks:
-        run_fleet(
-            "prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data)
-        )
-    with ThreadPoolExecutor(jobs) as pool:
-        for f in [pool.submit(one, t) for t in tasks]:
-            f.result()
+    try:
+        if tasks:
+            run_fleet(
+                "prepare", "--stdlib", "--max-files", "300", "--seq-len", "128", "--out", str(data)
+            )
+        with ThreadPoolExecutor(jobs) as pool:
+            for f in [pool.submit(one, t) for t in tasks]:
+                f.result()
+    finally:  # each run's folder (7-30 MB a benchmark): what --out keeps is all it is read for
+        if args.keep_runs:
+            print(f"--keep-runs: the runs' folders are in {tmp}", flush=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     summary = summarize(plans, results, args.equal_updates, args.plan_fixed)
     print(json.dumps(summary, indent=2))
     wall = time.monotonic() - started

@@ -19,7 +19,7 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   would undo the last one within `cooldown` goes halfway (the costs read at the two splits
   disagree: a cost per sample read at one batch need not hold at another). Within
   `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
-  since (a new regime): a change far beyond the noise is then followed 4-5 updates after it
+  since (a new regime; not one undone as spikes): a change far beyond the noise is then followed 4-5 updates after it
   began (2 figures show it, as many confirm it; the next update runs the new split), one
   nearer the noise within about `Costs.recent` + 4. A rank whose new speed awaits
   confirmation holds up a move only if it may be slower (it could make the move moot); one

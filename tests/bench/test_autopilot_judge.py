@@ -208,19 +208,23 @@ def test_a_resume_keeps_whole_repeats_and_runs_a_repeat_cut_short_again():
 def test_a_resumed_benchmark_with_every_repeat_kept_runs_nothing_and_keeps_them(
     tmp_path, monkeypatch, capsys
 ):
-    """No rank starts (no data is even prepared): the file written holds the kept run."""
+    """No rank starts (no data is even prepared): the file written holds the kept run, and
+    no folder is left behind."""
     kept = {"changes": [[11, [8, 8], [9, 7]]], "figures": figures([1.0] * 9, split=[8, 8])}
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"runs": {"pair-equal": {"pilot": [kept, None]}}}))
     out = tmp_path / "out.json"
     argv = ["autopilot.py", "--only", "pair-equal", "--repeats", "1", "--out", str(out)]
     monkeypatch.setattr(bench, "run_fleet", lambda *a: pytest.fail(f"ran fleet {a}"))
+    made = tmp_path / "runs"
+    monkeypatch.setattr(bench.tempfile, "mkdtemp", lambda prefix: made.mkdir() or str(made))
     monkeypatch.setattr("sys.argv", [*argv, "--resume", str(earlier)])
     assert bench.main() == 0
     assert "--resume: 1 runs kept" in capsys.readouterr().out
     record = json.loads(out.read_text())
     assert record["runs"]["pair-equal"]["pilot"][0]["changes"] == kept["changes"]
     assert record["summary"]["pair-equal"]["changes"] == [1]
+    assert not made.exists()
     monkeypatch.setattr("sys.argv", [*argv, "--resume", str(tmp_path / "missing.json")])
     with pytest.raises(SystemExit):
         bench.main()
