@@ -19,16 +19,16 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   would undo the last one within `cooldown` goes halfway (the costs read at the two splits
   disagree: a cost per sample read at one batch need not hold at another). Within
   `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
-  since (a new regime; not one undone as spikes): a change far beyond the noise is then followed 4-5 updates after it
-  began (2 figures show it, as many confirm it; the next update runs the new split), one
-  nearer the noise within about `Costs.recent` + 4. A rank whose new speed awaits
-  confirmation holds up a move only if it may be slower (it could make the move moot); one
-  that may be faster keeps its batch and the others move without it, unless the move
-  answers another rank's confirmed new speed, its own figures are unlikely spikes, and the
-  move beats staying even if they were: then it is taken at its new speed, though at no
-  faster than the fastest confirmed rank (a rank at 1 sample can read far faster than it
-  is, and such a bet gives it more than a peer's share). The global batch
-  never changes, so neither does the math.
+  since (a new regime, not one undone as spikes): a change far beyond the noise is then
+  followed 4-5 updates after it began (2 figures show it, as many confirm it; the next update
+  runs the new split), one nearer the noise within about `Costs.recent` + 4. A rank whose new
+  speed awaits confirmation holds up a move only if it may be slower (it could make the move
+  moot); one that may be faster keeps its batch and the others move without it, unless the
+  move answers another rank's confirmed new speed, its own figures are unlikely spikes, and
+  the move beats staying even if they were: then it is taken at its new speed, though at no
+  faster than the fastest confirmed rank (a rank at 1 sample can read far faster than it is,
+  and such a bet gives it more than a peer's share). The global batch never changes, so
+  neither does the math.
 - **Guard memory**: a rank whose swap grows, whose OS reports pressure, or whose peak nears
   its --memory-limit-gb gives samples to the others; when no split fits, it warns and (with
   --on-memory-pressure pause) checkpoints and pauses the run.
