@@ -449,25 +449,20 @@ def test_on_real_figures_a_shift_undone_is_no_news_and_the_calm_after_a_move_hol
     assert pilot.costs.confirmed(0) and pilot.costs.confirmed(1) and pilot._news() == []
 
 
-def unsteered(cost, updates: int = 45) -> Autopilot:
-    """A watching pilot (it moves nothing) after `updates` of four ranks at 4 samples each,
-    rank r's update costing 40 ms x `cost(update, r)` (3% noise)."""
-    rng, pilot = random.Random(1), Autopilot(4, enabled=False)
-    for t in range(updates):
-        figures = [
-            RankFigures(4, 0.04 * cost(t, r) * rng.uniform(0.97, 1.03), GiB, 0, 0, None)
-            for r in range(4)
-        ]
-        pilot.observe([4] * 4, figures)
+def watched(cost, updates: int = 45) -> Autopilot:
+    """A watching pilot (it moves nothing) after `updates` of four simulated ranks at 4
+    samples each, rank r costing `cost(update, r)` times its peers a sample (3% noise)."""
+    pilot, noise = Autopilot(4, enabled=False), pilot_sim.Noise(shared=0, own=0.03, spikes=0)
+    pilot_sim.fly(lambda t: [C * cost(t, r) for r in range(4)], [4] * 4, updates, pilot, noise)
     return pilot
 
 
 def test_a_spike_undone_leaves_a_rank_as_it_found_it():
     """Two updates 3x slow and two back are spikes (trainer/costs.py undoes the shift): no
     news where there was none, and a slowdown confirmed before them is news still."""
-    spike = unsteered(lambda t, r: 3.0 if r == 2 and t in (30, 31) else 1.0)
+    spike = watched(lambda t, r: 3.0 if r == 2 and t in (30, 31) else 1.0)
     assert spike.costs.confirmed(2) and spike.fresh == set() and spike._news() == []
-    slowed = unsteered(
+    slowed = watched(
         lambda t, r: (2.0 if r == 2 and t >= 15 else 1.0) * (3.0 if r == 2 and t in (35, 36) else 1)
     )
     assert slowed._news() == [2]

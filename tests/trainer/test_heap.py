@@ -60,7 +60,9 @@ def test_a_rank_whose_batch_grew_faults_no_pages_in_an_update_once_its_heap_is_h
     update (about 14,000 faults an update here, session 38): a rank the pilot gave samples
     read 2-15% dearer a sample than the same rank started at that batch (sessions 35-36)."""
     held, own = _python(GROWN, "held"), _python(GROWN, "own")
-    assert max(held) < 200, held
+    # a one-off growth of a few hundred pages is no pattern (a loaded box once gave 0, 0, 0,
+    # 384); the defect faults thousands in every update
+    assert sorted(held)[len(held) // 2] < 200 and max(held) < 2000, held
     # the pattern itself, so that the first assertion means something on this glibc
     assert sorted(own)[len(own) // 2] > 2000, own
 
