@@ -40,6 +40,10 @@ to one whose (simulated) cost did not make it faster, under any fixed part of a 
 (`unjustified`; the simulator knows its fixed part and counts by it); and judged by what the
 ranks measured instead (`unmeasured`: the box can make a rank faster or slower than its
 schedule says, as the H200 host's cores do).
+--width sets the model's width (default 128). On this 2-core box an update of 16 samples then
+takes about 0.13 s, and the box's blips (one update mostly, at most six: 0.8 s, session 40)
+span updates as a blip of a Mac never spans a fleet's updates of seconds: the pilot meets them
+as slowdowns of several updates. At --width 384 an update takes about 0.5 s.
 Runs are interleaved across repeats, so a busy spell of the machine hits every arm alike. It
 still moves one arm against the others: the summary says how fast each repeat's arms ran
 before any slowdown or move (`ms_a_sample_before`, `pace`) and how far equal ranks drifted
@@ -136,11 +140,13 @@ def run(
     *extra: str,
     cores: list[int] | None = None,
     busy: bool = False,
+    model: list[str] = MODEL,
 ) -> dict:
-    """One run of local ranks, one a batch of `split`; on `cores` if given (`rank_env`); a
-    slowed rank spins out its slowdown where `busy` (`slowdown_args`)."""
+    """One run of local ranks, one a batch of `split`, of `model` (`fleet train`'s flags);
+    on `cores` if given (`rank_env`); a slowed rank spins out its slowdown where `busy`
+    (`slowdown_args`)."""
     t0 = time.monotonic()
-    train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *MODEL)
+    train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *model)
     train += ("--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000")
     world = len(split)
     train += slowdown_args(slow, busy)
@@ -564,6 +570,13 @@ def main() -> int:
         help="keep each run's folder (checkpoints, telemetry log) in a temporary folder, named "
         "at the end (default: removed; --out keeps the figures)",
     )
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=128,
+        help="the model's width (default 128: an update of 16 samples about 0.12 s on this "
+        "2-core box; a fleet's take seconds, over which a blip of the machine averages out)",
+    )
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
     ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
@@ -635,6 +648,8 @@ def main() -> int:
     if unknown:
         ap.error(f"--only: unknown scenario(s) {sorted(unknown)}")
     cores = cores_of(args.cores)
+    model = [*MODEL]
+    model[model.index("--width") + 1] = str(args.width)
     jobs = args.jobs or max(1, len(cores) // 4)
     pinned = not args.no_pin and shutil.which("taskset") is not None and len(cores) >= 4 * jobs
     slots: queue.Queue[list[int] | None] = queue.Queue()
@@ -706,10 +721,11 @@ def main() -> int:
         try:
             out = tmp / f"{name}-{arm}-{rep}"
             busy = spins(args.slowdown, len(split), mine)
-            r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy)
+            r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy, model=model)
         finally:
             slots.put(mine)
         r["cores"], r["slowdown"], r["host"] = mine, "busy" if busy else "sleep", platform.node()
+        r["model"] = model
         results[name][arm][rep] = r
         rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""

@@ -229,3 +229,35 @@ def test_a_resumed_benchmark_with_every_repeat_kept_runs_nothing_and_keeps_them(
     with pytest.raises(SystemExit):
         bench.main()
     assert "--resume" in capsys.readouterr().err
+
+
+def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypatch):
+    """--width changes the model of every run (each record says which), nothing else of it."""
+    asked = []
+
+    def run(data, out, split, updates, slow, *extra, cores=None, busy=False, model=bench.MODEL):
+        asked.append(model)
+        return {
+            "split": split,
+            "changes": [],
+            "figures": figures([1.0] * 9, split=split),
+            "wall_s": 1,
+        }
+
+    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(bench, "run_fleet", lambda *a: None)  # no data to prepare
+    out = tmp_path / "out.json"
+    argv = ["autopilot.py", "--only", "pair-equal", "--repeats", "2", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", [*argv, "--width", "384"])
+    assert bench.main() == 0
+    wide = [*bench.MODEL]
+    wide[wide.index("--width") + 1] = "384"
+    assert asked == [wide, wide] and wide != bench.MODEL
+    assert [r["model"] for r in json.loads(out.read_text())["runs"]["pair-equal"]["pilot"]] == [
+        wide,
+        wide,
+    ]
+    asked.clear()
+    monkeypatch.setattr("sys.argv", argv)
+    assert bench.main() == 0
+    assert asked == [bench.MODEL, bench.MODEL]
