@@ -507,11 +507,12 @@ def loaded(path: Path) -> dict:
     return record
 
 
-def resumed(results: dict, earlier: dict) -> int:
+def resumed(results: dict, earlier: dict, model: list[str] = MODEL) -> int:
     """Fill `results` (scenario -> arm -> one run or None a repeat) with the whole repeats of
     an earlier results file's runs, first repeats first: a repeat cut short (by --deadline, or
     a call that ran out of time) is run again whole, so each repeat's arms ran on one machine
-    at one time. Returns the runs kept; raises ValueError where the earlier file ran other arms."""
+    at one time. Returns the runs kept; raises ValueError where the earlier file ran other arms
+    or another model (a run that names none ran MODEL)."""
     kept = 0
     for name, arms in results.items():
         old = earlier.get(name)
@@ -527,6 +528,11 @@ def resumed(results: dict, earlier: dict) -> int:
         ]
         for rep, i in enumerate(whole[: len(arms["pilot"])]):
             for arm in arms:
+                ran = old[arm][i].get("model", MODEL)
+                if ran != model:
+                    raise ValueError(
+                        f"{name}: the earlier file ran {' '.join(ran)} (another --width?)"
+                    )
                 arms[arm][rep] = old[arm][i]
                 kept += 1
     return kept
@@ -574,7 +580,7 @@ def main() -> int:
         "--width",
         type=int,
         default=128,
-        help="the model's width (default 128: an update of 16 samples about 0.12 s on this "
+        help="the model's width (default 128: an update of 16 samples about 0.13 s on this "
         "2-core box; a fleet's take seconds, over which a blip of the machine averages out)",
     )
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
@@ -650,6 +656,9 @@ def main() -> int:
     cores = cores_of(args.cores)
     model = [*MODEL]
     model[model.index("--width") + 1] = str(args.width)
+    heads = int(MODEL[MODEL.index("--heads") + 1])
+    if args.width < heads or args.width % heads:
+        ap.error(f"--width {args.width}: a positive multiple of the model's {heads} heads")
     jobs = args.jobs or max(1, len(cores) // 4)
     pinned = not args.no_pin and shutil.which("taskset") is not None and len(cores) >= 4 * jobs
     slots: queue.Queue[list[int] | None] = queue.Queue()
@@ -664,7 +673,7 @@ def main() -> int:
         results[name] = {"pilot": [None] * args.repeats if name in only else []}
     if args.resume:
         try:
-            kept = resumed(results, loaded(args.resume)["runs"])
+            kept = resumed(results, loaded(args.resume)["runs"], model)
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--resume {args.resume}: {e}")
         print(f"--resume: {kept} runs kept from {args.resume}", flush=True)

@@ -231,8 +231,9 @@ def test_a_resumed_benchmark_with_every_repeat_kept_runs_nothing_and_keeps_them(
     assert "--resume" in capsys.readouterr().err
 
 
-def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypatch):
-    """--width changes the model of every run (each record says which), nothing else of it."""
+def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypatch, capsys):
+    """--width changes the model of every run (each record says which); a width the model
+    cannot take, or a resume of another width's runs, is refused."""
     asked = []
 
     def run(data, out, split, updates, slow, *extra, cores=None, busy=False, model=bench.MODEL):
@@ -261,3 +262,17 @@ def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypa
     monkeypatch.setattr("sys.argv", argv)
     assert bench.main() == 0
     assert asked == [bench.MODEL, bench.MODEL]
+    # a width the model's heads do not divide, and a resume of runs of another width: refused
+    # before anything runs
+    asked.clear()
+    capsys.readouterr()
+    for bad, why in (
+        (["--width", "3"], "--width 3: a positive multiple of the model's 2 heads"),
+        (["--width", "0"], "--width 0: a positive multiple"),
+        (["--resume", str(out), "--width", "384"], "ran --depth 2 --width 128 --heads 2 (another"),
+    ):
+        monkeypatch.setattr("sys.argv", [*argv, *bad])
+        with pytest.raises(SystemExit):
+            bench.main()
+        assert why in capsys.readouterr().err
+    assert asked == []
