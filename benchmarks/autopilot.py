@@ -131,6 +131,16 @@ def cores_of(text: str) -> list[int]:
     return out
 
 
+def model_at(width: int) -> list[str]:
+    """MODEL at another width; ValueError where the model's heads do not divide it."""
+    heads = int(MODEL[MODEL.index("--heads") + 1])
+    if width < heads or width % heads:
+        raise ValueError(f"a positive multiple of the model's {heads} heads")
+    model = [*MODEL]
+    model[model.index("--width") + 1] = str(width)
+    return model
+
+
 def run(
     data: Path,
     out: Path,
@@ -654,11 +664,10 @@ def main() -> int:
     if unknown:
         ap.error(f"--only: unknown scenario(s) {sorted(unknown)}")
     cores = cores_of(args.cores)
-    model = [*MODEL]
-    model[model.index("--width") + 1] = str(args.width)
-    heads = int(MODEL[MODEL.index("--heads") + 1])
-    if args.width < heads or args.width % heads:
-        ap.error(f"--width {args.width}: a positive multiple of the model's {heads} heads")
+    try:
+        model = model_at(args.width)
+    except ValueError as e:
+        ap.error(f"--width {args.width}: {e}")
     jobs = args.jobs or max(1, len(cores) // 4)
     pinned = not args.no_pin and shutil.which("taskset") is not None and len(cores) >= 4 * jobs
     slots: queue.Queue[list[int] | None] = queue.Queue()

@@ -251,8 +251,7 @@ def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypa
     argv = ["autopilot.py", "--only", "pair-equal", "--repeats", "2", "--out", str(out)]
     monkeypatch.setattr("sys.argv", [*argv, "--width", "384"])
     assert bench.main() == 0
-    wide = [*bench.MODEL]
-    wide[wide.index("--width") + 1] = "384"
+    wide = ["--depth", "2", "--width", "384", "--heads", "2"]
     assert asked == [wide, wide] and wide != bench.MODEL
     assert [r["model"] for r in json.loads(out.read_text())["runs"]["pair-equal"]["pilot"]] == [
         wide,
