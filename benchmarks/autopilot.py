@@ -6,7 +6,9 @@
 
 --jobs runs that many runs at once (default: one per 4 of --cores), each run's ranks (4 or 2) pinned
 to 4 cores of their own (taskset) with one BLAS thread a rank, so runs do not disturb each
-other; the order of the runs still interleaves arms and repeats.
+other; the order of the runs still interleaves arms and repeats. Each rank is pinned to a core
+of its own where the run's cores have one for each (`rank_cores`; two ranks on this 2-core
+box, not four), as each rank of a fleet has a Mac; --no-pin pins nothing.
 
 Four ranks on this machine, each slowed by --simulate-slowdown (a rank waits (f-1) x its
 compute per microstep: spinning on its core where each rank has one, else asleep;
@@ -76,6 +78,7 @@ from telemetry.arrowlog import log_ranks, read_events, read_updates  # noqa: E40
 from tests.support import pilot_sim  # noqa: E402
 from tests.support.fleet import fleet_env, launch_args, run_fleet  # noqa: E402
 from trainer.autopilot import Autopilot  # noqa: E402
+from trainer.config import ConfigError, TrainConfig  # noqa: E402
 
 MODEL = ["--depth", "2", "--width", "128", "--heads", "2"]
 FROM = 5  # updates before this one are the first compile and warm-up
@@ -118,6 +121,14 @@ SCENARIOS = {
 # Equal ranks, none slowed (--equal-updates, global batch 16): the changes the pilot makes.
 EQUAL = {"equal": 4, "pair-equal": 2}
 SLOWDOWNS = ("auto", "busy", "sleep")  # --slowdown's choices: see `spins`
+RANK_CORES = Path(__file__).resolve().parent / "rank_cores"  # its sitecustomize pins a rank
+# MLX's memory limit for every run (--memory-limit-gb; "0": none). Under the trainer's default
+# (auto: the live set + 5%) MLX's eval waits on its CPU tasks whenever active memory passes the
+# limit, and what a rank costs came to depend on how it reached its batch: on this box a rank
+# of 11,5 started at 5 (a fixed arm) read 12.4-14.7 ms a sample, one moved there from 8 (as the
+# pilot moves) 11.3-11.9; two ranks at 8,8 read 12.3-13.4 under auto, 10.2-10.7 without a limit
+# or under 8 GiB (session 41, benchmarks/RESULTS.md). The benchmark compares splits, not limits.
+MEMORY_LIMIT = "0"
 
 
 def cores_of(text: str) -> list[int]:
@@ -151,13 +162,17 @@ def run(
     cores: list[int] | None = None,
     busy: bool = False,
     model: list[str] = MODEL,
+    pin_ranks: bool = True,
+    memory_limit: str = MEMORY_LIMIT,
 ) -> dict:
     """One run of local ranks, one a batch of `split`, of `model` (`fleet train`'s flags);
-    on `cores` if given (`rank_env`); a slowed rank spins out its slowdown where `busy`
-    (`slowdown_args`)."""
+    on `cores` if given, each rank on a core of its own where `pin_ranks` (`rank_env`); a
+    slowed rank spins out its slowdown where `busy` (`slowdown_args`); under `memory_limit`
+    (--memory-limit-gb, `MEMORY_LIMIT`)."""
     t0 = time.monotonic()
     train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *model)
     train += ("--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000")
+    train += ("--memory-limit-gb", memory_limit)
     world = len(split)
     train += slowdown_args(slow, busy)
     args = launch_args(world, data, out, *train, *extra, launch_opts=("--backend", "ring"))
@@ -168,24 +183,41 @@ def run(
         capture_output=True,
         text=True,
         timeout=3600,
-        env=rank_env(world, cores),
+        env=rank_env(world, cores, pin_ranks=pin_ranks),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return {"split": split, **logged(out), "wall_s": round(time.monotonic() - t0, 1)}
 
 
-def rank_env(world: int, cores: list[int] | None = None, env=None) -> dict[str, str]:
+def rank_env(
+    world: int, cores: list[int] | None = None, env=None, pin_ranks: bool = True
+) -> dict[str, str]:
     """The environment of a run of `world` ranks (`env`, default fleet_env()), with one BLAS
     thread a rank where they are pinned to `cores` or each has a core of this machine: a
     rank's BLAS threads would fight its neighbours for cores, or take the core of a peer that
     sleeps its slowdown (four ranks on this 2-core box keep the default, as every run before
-    session 35 did)."""
+    session 35 did). With `pin_ranks`, each rank is pinned to a core of its own where it can
+    have one (`rank_cores`), by benchmarks/rank_cores/sitecustomize.py."""
     env = dict(fleet_env() if env is None else env)
     if own_cores(world, cores):
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[name] = "1"
+    pinned = rank_cores(world, cores) if pin_ranks else None
+    if pinned:
+        env["FLEET_BENCH_RANK_CORES"] = ";".join(map(str, pinned))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RANK_CORES), env.get("PYTHONPATH")]))
     return env
+
+
+def rank_cores(world: int, cores: list[int] | None = None) -> list[int] | None:
+    """The core each of `world` ranks is pinned to: the r-th of the run's `cores` (else this
+    machine's), where there is one for each; else None. A fleet's ranks each have a Mac: here a
+    rank that waits in the ring all-reduce spins two socket threads (MLX polls its sockets),
+    and unpinned they took the core where the last rank still computed. Session 41 measured
+    the pair scenarios both ways (benchmarks/RESULTS.md)."""
+    pool = cores or cores_of("")
+    return pool[:world] if hasattr(os, "sched_setaffinity") and world <= len(pool) else None
 
 
 def own_cores(world: int, cores: list[int] | None = None) -> bool:
@@ -593,9 +625,20 @@ def main() -> int:
         help="the model's width (default 128: an update of 16 samples about 0.13 s on this "
         "2-core box; a fleet's take seconds, over which a blip of the machine averages out)",
     )
+    ap.add_argument(
+        "--memory-limit-gb",
+        default=MEMORY_LIMIT,
+        help="every run's --memory-limit-gb (default 0: none; the trainer's auto makes MLX's "
+        "eval wait near it, and a rank's cost then depends on how it reached its batch)",
+    )
     ap.add_argument("--cores", default="", help='cores the runs may use ("4-15"; "": all)')
     ap.add_argument("--jobs", type=int, default=0, help="runs at once (0: one per 4 cores)")
-    ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the runs and their ranks unpinned (default: a run on 4 cores of its own "
+        "where --cores has 4 a run, and each rank on a core of its own where there is one)",
+    )
     ap.add_argument(
         "--deadline", type=float, default=0, help="start no run after this many seconds (0: none)"
     )
@@ -668,6 +711,11 @@ def main() -> int:
         model = model_at(args.width)
     except ValueError as e:
         ap.error(f"--width {args.width}: {e}")
+    limit = args.memory_limit_gb
+    try:
+        TrainConfig(memory_limit_gb=limit).memory_limit(1, 0)
+    except ConfigError as e:
+        ap.error(str(e))
     jobs = args.jobs or max(1, len(cores) // 4)
     pinned = not args.no_pin and shutil.which("taskset") is not None and len(cores) >= 4 * jobs
     slots: queue.Queue[list[int] | None] = queue.Queue()
@@ -739,11 +787,13 @@ def main() -> int:
         try:
             out = tmp / f"{name}-{arm}-{rep}"
             busy = spins(args.slowdown, len(split), mine)
-            r = run(data, out, split, updates, slow, *extra, cores=mine, busy=busy, model=model)
+            how = {"cores": mine, "busy": busy, "model": model, "pin_ranks": not args.no_pin}
+            r = run(data, out, split, updates, slow, *extra, **how, memory_limit=limit)
         finally:
             slots.put(mine)
         r["cores"], r["slowdown"], r["host"] = mine, "busy" if busy else "sleep", platform.node()
-        r["model"] = model
+        r["rank_cores"] = None if args.no_pin else rank_cores(len(split), mine)
+        r["model"], r["memory_limit_gb"] = model, limit
         results[name][arm][rep] = r
         rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""

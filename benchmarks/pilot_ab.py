@@ -7,7 +7,8 @@ updates).
     python benchmarks/pilot_ab.py --trees . /tmp/old --repeats 3 --scenarios moving16,transient16
 
 CPU ranks over ring, as many as the scenario's schedule names (as benchmarks/autopilot.py:
-depth 2, width 128, its slowdown schedules), `--autopilot` on, each tree running its own
+depth 2, width 128, its slowdown schedules, no memory limit, each rank on a core of its own
+where it can have one), `--autopilot` on, each tree running its own
 trainer; the trees alternate in each repeat so a busy spell of the machine hits both. Prints
 one JSON line a run: tokens/s from update 5 on (by the wall time from the end of one update
 to the end of the next, boundaries included: `tok_s`; by the updates' own time alone, as
@@ -31,6 +32,7 @@ from pathlib import Path
 from autopilot import (
     EQUAL,
     FROM,
+    MEMORY_LIMIT,
     MODEL,
     SCENARIOS,
     SLOWDOWNS,
@@ -61,6 +63,7 @@ sys.path.insert(0, {str(tree)!r})
 from tests.support.fleet import launch_args, run_fleet
 train = ("--local-batches", {split!r}, "--updates", "{updates}", *{MODEL!r},
          "--device", "cpu", "--telemetry-port-base", "0", "--log-every", "1000",
+         "--memory-limit-gb", {MEMORY_LIMIT!r},
          *{slowdown_args(slow, busy)!r}, "--autopilot")
 run_fleet(*launch_args({world}, {str(data)!r}, {str(out)!r}, *train,
                       launch_opts=("--backend", "ring")), timeout=900)

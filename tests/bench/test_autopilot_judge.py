@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,7 +239,9 @@ def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypa
     cannot take, or a resume of another width's runs, is refused."""
     asked = []
 
-    def run(data, out, split, updates, slow, *extra, cores=None, busy=False, model=bench.MODEL):
+    def run(
+        data, out, split, updates, slow, *extra, cores=None, busy=False, model=bench.MODEL, **_
+    ):
         asked.append(model)
         return {
             "split": split,
@@ -275,3 +280,61 @@ def test_the_width_asked_for_reaches_every_run_and_its_record(tmp_path, monkeypa
             bench.main()
         assert why in capsys.readouterr().err
     assert asked == []
+
+
+def test_every_run_goes_without_a_memory_limit_unless_one_is_asked_for(
+    tmp_path, monkeypatch, capsys
+):
+    """The trainer's auto limit makes MLX's eval wait near it, and a rank's cost then depends
+    on how it reached its batch: the benchmark's runs go without one (each record says so),
+    --memory-limit-gb sets another, and a value the trainer would refuse is refused first."""
+    asked = []
+
+    def run(data, out, split, updates, slow, *extra, memory_limit=bench.MEMORY_LIMIT, **_):
+        asked.append(memory_limit)
+        return {"split": split, "changes": [], "figures": figures([1.0] * 9, split), "wall_s": 1}
+
+    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(bench, "run_fleet", lambda *a: None)  # no data to prepare
+    out = tmp_path / "out.json"
+    argv = ["autopilot.py", "--only", "pair-equal", "--repeats", "2", "--out", str(out)]
+    for extra, limit in (([], "0"), (["--memory-limit-gb", "auto"], "auto")):
+        asked.clear()
+        monkeypatch.setattr("sys.argv", [*argv, *extra])
+        assert bench.main() == 0
+        runs = json.loads(out.read_text())["runs"]["pair-equal"]["pilot"]
+        assert asked == [limit, limit] and [r["memory_limit_gb"] for r in runs] == asked
+    asked.clear()
+    capsys.readouterr()
+    monkeypatch.setattr("sys.argv", [*argv, "--memory-limit-gb", "-4"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--memory-limit-gb must be auto, 0 (none) or a positive" in capsys.readouterr().err
+    assert asked == []
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="2 cores"
+)
+def test_each_rank_of_a_pair_runs_on_a_core_of_its_own_and_four_on_two_cores_are_left_alone():
+    """A fleet's ranks each have a Mac: the benchmark pins each local rank to a core of its own
+    where there is one for each, as its interpreter starts (real processes, as mlx.launch
+    starts them: MLX_RANK set); where there is not, and for processes without a rank (the
+    launchers), nothing."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    probe = ["-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+
+    def affinity(env: dict, rank: str | None) -> list[int]:
+        env = {**env, **({"MLX_RANK": rank} if rank is not None else {})}
+        out = subprocess.run([sys.executable, *probe], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    base = {k: v for k, v in os.environ.items() if k != "MLX_RANK"}
+    pair = bench.rank_env(2, cores, env=base)
+    assert [affinity(pair, r) for r in ("0", "1")] == [[cores[0]], [cores[1]]]
+    assert affinity(pair, None) == sorted(os.sched_getaffinity(0))  # a launcher: as it was
+    assert bench.rank_cores(4, cores) is None  # four ranks, two cores: no core each
+    assert "FLEET_BENCH_RANK_CORES" not in bench.rank_env(4, cores, env=base)
+    free = bench.rank_env(2, cores, env=base, pin_ranks=False)  # --no-pin
+    assert affinity(free, "1") == sorted(os.sched_getaffinity(0))
