@@ -212,10 +212,10 @@ def rank_env(
 
 def rank_cores(world: int, cores: list[int] | None = None) -> list[int] | None:
     """The core each of `world` ranks is pinned to: the r-th of the run's `cores` (else this
-    machine's), where there is one for each; else None. A fleet's ranks each have a Mac: here a
-    rank that waits in the ring all-reduce spins two socket threads (MLX polls its sockets),
-    and unpinned they took the core where the last rank still computed. Session 41 measured
-    the pair scenarios both ways (benchmarks/RESULTS.md)."""
+    machine's), where there is one for each; else None. A fleet's ranks each have a Mac; here a
+    rank that waits in the ring all-reduce spins two socket threads (MLX polls its sockets) on
+    whichever core the scheduler gives them. Pinned, a pair's fixed arms scattered about two
+    thirds as much from one update to the next (session 41, benchmarks/RESULTS.md)."""
     pool = cores or cores_of("")
     return pool[:world] if hasattr(os, "sched_setaffinity") and world <= len(pool) else None
 
@@ -549,12 +549,18 @@ def loaded(path: Path) -> dict:
     return record
 
 
-def resumed(results: dict, earlier: dict, model: list[str] = MODEL) -> int:
+def resumed(
+    results: dict,
+    earlier: dict,
+    model: list[str] = MODEL,
+    limit: str = MEMORY_LIMIT,
+    pin_ranks: bool = True,
+) -> int:
     """Fill `results` (scenario -> arm -> one run or None a repeat) with the whole repeats of
     an earlier results file's runs, first repeats first: a repeat cut short (by --deadline, or
     a call that ran out of time) is run again whole, so each repeat's arms ran on one machine
     at one time. Returns the runs kept; raises ValueError where the earlier file ran other arms
-    or another model (a run that names none ran MODEL)."""
+    or ran them otherwise (`unlike`)."""
     kept = 0
     for name, arms in results.items():
         old = earlier.get(name)
@@ -570,14 +576,26 @@ def resumed(results: dict, earlier: dict, model: list[str] = MODEL) -> int:
         ]
         for rep, i in enumerate(whole[: len(arms["pilot"])]):
             for arm in arms:
-                ran = old[arm][i].get("model", MODEL)
-                if ran != model:
-                    raise ValueError(
-                        f"{name}: the earlier file ran {' '.join(ran)} (another --width?)"
-                    )
+                if why := unlike(old[arm][i], model, limit, pin_ranks):
+                    raise ValueError(f"{name}: the earlier file {why}")
                 arms[arm][rep] = old[arm][i]
                 kept += 1
     return kept
+
+
+def unlike(run: dict, model: list[str], limit: str, pin_ranks: bool) -> str:
+    """How a kept run ran otherwise than this benchmark would run it now ("" where alike): its
+    model, its memory limit, its ranks pinned or not. A run that names none of them ran before
+    they were recorded: MODEL, the trainer's auto limit, ranks unpinned (before session 41)."""
+    ran = run.get("model", MODEL)
+    if ran != model:
+        return f"ran {' '.join(ran)} (another --width?)"
+    if str(run.get("memory_limit_gb", "auto")) != limit:
+        return f"ran --memory-limit-gb {run.get('memory_limit_gb', 'auto')} (another limit?)"
+    pinned = bool(run.get("rank_cores"))
+    if "split" in run and pinned != (pin_ranks and rank_cores(len(run["split"])) is not None):
+        return f"ran its ranks {'pinned' if pinned else 'unpinned'} (--no-pin?)"
+    return ""
 
 
 def resummarized(path: Path, plan_fixed) -> dict:
@@ -730,7 +748,7 @@ def main() -> int:
         results[name] = {"pilot": [None] * args.repeats if name in only else []}
     if args.resume:
         try:
-            kept = resumed(results, loaded(args.resume)["runs"], model)
+            kept = resumed(results, loaded(args.resume)["runs"], model, limit, not args.no_pin)
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--resume {args.resume}: {e}")
         print(f"--resume: {kept} runs kept from {args.resume}", flush=True)

@@ -21,6 +21,7 @@ _SPEC.loader.exec_module(bench)
 
 EVEN, MOVED = [4, 4, 4, 4], [3, 5, 4, 4]  # one sample from rank 0 to rank 1
 NOISE = (1.00, 1.08, 0.95, 1.03, 0.97, 1.05, 0.92, 1.02, 0.99)  # ~5% per update
+NOW = {"memory_limit_gb": "0"}  # how a kept run says it ran, where it differs from before
 
 
 def figures(rank0: list[float], split=EVEN) -> dict:
@@ -193,7 +194,10 @@ def test_a_resume_keeps_whole_repeats_and_runs_a_repeat_cut_short_again():
     plans = bench.plan({"moving8"}, (0.0, 6.0))
     arms = plans["moving8"][5]
     earlier = {
-        "moving8": {a: [{"n": (a, 0)}, None if a == "even" else {}, {"n": (a, 2)}] for a in arms}
+        "moving8": {
+            a: [{"n": (a, 0), **NOW}, None if a == "even" else {}, {"n": (a, 2), **NOW}]
+            for a in arms
+        }
     }
     results = {"moving8": {a: [None] * 3 for a in arms}, "equal": {"pilot": []}}
     assert bench.resumed(results, earlier) == 2 * len(arms)
@@ -213,7 +217,7 @@ def test_a_resumed_benchmark_with_every_repeat_kept_runs_nothing_and_keeps_them(
 ):
     """No rank starts (no data is even prepared): the file written holds the kept run, and
     no folder is left behind."""
-    kept = {"changes": [[11, [8, 8], [9, 7]]], "figures": figures([1.0] * 9, split=[8, 8])}
+    kept = {"changes": [[11, [8, 8], [9, 7]]], "figures": figures([1.0] * 9, [8, 8]), **NOW}
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"runs": {"pair-equal": {"pilot": [kept, None]}}}))
     out = tmp_path / "out.json"
@@ -310,6 +314,15 @@ def test_every_run_goes_without_a_memory_limit_unless_one_is_asked_for(
     with pytest.raises(SystemExit):
         bench.main()
     assert "--memory-limit-gb must be auto, 0 (none) or a positive" in capsys.readouterr().err
+    # a resume keeps no run of another limit: one that names none ran the trainer's auto
+    before = json.loads(out.read_text())
+    for run in before["runs"]["pair-equal"]["pilot"]:
+        del run["memory_limit_gb"]
+    out.write_text(json.dumps(before))
+    monkeypatch.setattr("sys.argv", [*argv, "--resume", str(out)])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "ran --memory-limit-gb auto (another limit?)" in capsys.readouterr().err
     assert asked == []
 
 
@@ -338,3 +351,7 @@ def test_each_rank_of_a_pair_runs_on_a_core_of_its_own_and_four_on_two_cores_are
     assert "FLEET_BENCH_RANK_CORES" not in bench.rank_env(4, cores, env=base)
     free = bench.rank_env(2, cores, env=base, pin_ranks=False)  # --no-pin
     assert affinity(free, "1") == sorted(os.sched_getaffinity(0))
+    # a resume keeps no pair whose ranks ran otherwise (runs before session 41: unpinned)
+    old = {"split": [8, 8], "memory_limit_gb": "0"}
+    assert bench.unlike(old, bench.MODEL, "0", True) == "ran its ranks unpinned (--no-pin?)"
+    assert bench.unlike(old, bench.MODEL, "0", False) == ""
