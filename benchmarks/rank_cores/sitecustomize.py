@@ -12,13 +12,12 @@ which only the benchmark's ranks and launchers then go without.
 """
 
 import os
+import sys
 
 _sets, _rank = os.environ.get("FLEET_BENCH_RANK_CORES"), os.environ.get("MLX_RANK")
 if _sets and _rank is not None and hasattr(os, "sched_setaffinity"):
-    _chosen = _sets.split(";")[int(_rank) % len(_sets.split(";"))]
     try:
+        _chosen = _sets.split(";")[int(_rank) % len(_sets.split(";"))]
         os.sched_setaffinity(0, {int(c) for c in _chosen.split(",")})
-    except (OSError, ValueError) as e:  # a core this process may not use: run unpinned, say so
-        print(
-            f"rank_cores: rank {_rank} not pinned to {_chosen}: {e}", file=__import__("sys").stderr
-        )
+    except (OSError, ValueError) as e:  # a core it may not use, a rank unread: run unpinned
+        print(f"rank_cores: rank {_rank} not pinned ({_sets}): {e}", file=sys.stderr)
