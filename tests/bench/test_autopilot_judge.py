@@ -206,7 +206,7 @@ def test_a_resume_keeps_whole_repeats_and_runs_a_repeat_cut_short_again():
     # as many as --repeats asks for, first repeats first
     fewer = {"moving8": {a: [None] for a in arms}, "equal": {"pilot": []}}
     assert bench.resumed(fewer, earlier) == len(arms)
-    assert fewer["moving8"]["pilot"] == [{"n": ("pilot", 0)}]
+    assert fewer["moving8"]["pilot"] == [{"n": ("pilot", 0), **NOW}]
     other = {"moving8": {"pilot": [{}], "even": [{}]}}  # another --plan-fixed's arms
     with pytest.raises(ValueError, match="moving8: the earlier file ran arms"):
         bench.resumed(results, other)
