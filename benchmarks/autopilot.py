@@ -162,12 +162,12 @@ def run(
     cores: list[int] | None = None,
     busy: bool = False,
     model: list[str] = MODEL,
-    pin_ranks: bool = True,
+    pinned: list[int] | None = None,
     memory_limit: str = MEMORY_LIMIT,
 ) -> dict:
     """One run of local ranks, one a batch of `split`, of `model` (`fleet train`'s flags);
-    on `cores` if given, each rank on a core of its own where `pin_ranks` (`rank_env`); a
-    slowed rank spins out its slowdown where `busy` (`slowdown_args`); under `memory_limit`
+    on `cores` if given, rank r on core `pinned[r]` where given (`rank_env`); a slowed rank
+    spins out its slowdown where `busy` (`slowdown_args`); under `memory_limit`
     (--memory-limit-gb, `MEMORY_LIMIT`)."""
     t0 = time.monotonic()
     train = ("--local-batches", ",".join(map(str, split)), "--updates", str(updates), *model)
@@ -183,7 +183,7 @@ def run(
         capture_output=True,
         text=True,
         timeout=3600,
-        env=rank_env(world, cores, pin_ranks=pin_ranks),
+        env=rank_env(world, cores, pinned=pinned),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"run {out.name} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -191,19 +191,18 @@ def run(
 
 
 def rank_env(
-    world: int, cores: list[int] | None = None, env=None, pin_ranks: bool = True
+    world: int, cores: list[int] | None = None, env=None, pinned: list[int] | None = None
 ) -> dict[str, str]:
     """The environment of a run of `world` ranks (`env`, default fleet_env()), with one BLAS
     thread a rank where they are pinned to `cores` or each has a core of this machine: a
     rank's BLAS threads would fight its neighbours for cores, or take the core of a peer that
     sleeps its slowdown (four ranks on this 2-core box keep the default, as every run before
-    session 35 did). With `pin_ranks`, each rank is pinned to a core of its own where it can
-    have one (`rank_cores`), by benchmarks/rank_cores/sitecustomize.py."""
+    session 35 did). Rank r is pinned to core `pinned[r]` where given (`rank_cores`), by
+    benchmarks/rank_cores/sitecustomize.py."""
     env = dict(fleet_env() if env is None else env)
     if own_cores(world, cores):
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[name] = "1"
-    pinned = rank_cores(world, cores) if pin_ranks else None
     if pinned:
         env["FLEET_BENCH_RANK_CORES"] = ";".join(map(str, pinned))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RANK_CORES), env.get("PYTHONPATH")]))
@@ -805,13 +804,13 @@ def main() -> int:
         try:
             out = tmp / f"{name}-{arm}-{rep}"
             busy = spins(args.slowdown, len(split), mine)
-            how = {"cores": mine, "busy": busy, "model": model, "pin_ranks": not args.no_pin}
+            pinned = None if args.no_pin else rank_cores(len(split), mine)
+            how = {"cores": mine, "busy": busy, "model": model, "pinned": pinned}
             r = run(data, out, split, updates, slow, *extra, **how, memory_limit=limit)
         finally:
             slots.put(mine)
         r["cores"], r["slowdown"], r["host"] = mine, "busy" if busy else "sleep", platform.node()
-        r["rank_cores"] = None if args.no_pin else rank_cores(len(split), mine)
-        r["model"], r["memory_limit_gb"] = model, limit
+        r["rank_cores"], r["model"], r["memory_limit_gb"] = pinned, model, limit
         results[name][arm][rep] = r
         rate = "" if name in EQUAL else f"{throughput(r, range(FROM, updates)):.0f} tok/s"
         moves = r["changes"] if arm == "pilot" else ""

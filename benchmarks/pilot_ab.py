@@ -37,6 +37,7 @@ from autopilot import (
     SCENARIOS,
     SLOWDOWNS,
     logged,
+    rank_cores,
     rank_env,
     schedule,
     slowdown_args,
@@ -69,7 +70,7 @@ run_fleet(*launch_args({world}, {str(data)!r}, {str(out)!r}, *train,
                       launch_opts=("--backend", "ring")), timeout=900)
 """
     t0 = time.monotonic()
-    env = rank_env(world, env=os.environ)  # the child sets its tree's path itself
+    env = rank_env(world, env=os.environ, pinned=rank_cores(world))  # the child sets its path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     head = {"scenario": scenario, "tree": str(tree)}
     if proc.returncode != 0:

@@ -344,12 +344,12 @@ def test_each_rank_of_a_pair_runs_on_a_core_of_its_own_and_four_on_two_cores_are
         return json.loads(out.stdout)
 
     base = {k: v for k, v in os.environ.items() if k != "MLX_RANK"}
-    pair = bench.rank_env(2, cores, env=base)
+    pair = bench.rank_env(2, cores, env=base, pinned=bench.rank_cores(2, cores))
     assert [affinity(pair, r) for r in ("0", "1")] == [[cores[0]], [cores[1]]]
     assert affinity(pair, None) == sorted(os.sched_getaffinity(0))  # a launcher: as it was
     assert bench.rank_cores(4, cores) is None  # four ranks, two cores: no core each
-    assert "FLEET_BENCH_RANK_CORES" not in bench.rank_env(4, cores, env=base)
-    free = bench.rank_env(2, cores, env=base, pin_ranks=False)  # --no-pin
+    assert "FLEET_BENCH_RANK_CORES" not in bench.rank_env(4, cores, env=base, pinned=None)
+    free = bench.rank_env(2, cores, env=base)  # --no-pin: none
     assert affinity(free, "1") == sorted(os.sched_getaffinity(0))
     # a resume keeps no pair whose ranks ran otherwise (runs before session 41: unpinned)
     old = {"split": [8, 8], "memory_limit_gb": "0"}
