@@ -127,7 +127,7 @@ def measure(args: argparse.Namespace) -> dict:
         "live_set_bytes": int(live),
         "peak_over_live": peak / live if live else None,
         "memory_limit": str(args.memory_limit_gb),
-        "memory_limit_bytes": limit.limit,  # auto: the live set measured + 5%
+        "memory_limit_bytes": limit.limit,  # auto: the live set + 5% (the CPU: the budget)
         "fits": peak <= budget if budget else None,
         "update_s_all": [float(t) for t in times],
         "memory": memory,

@@ -156,7 +156,9 @@ class TrainConfig:
         "limit to 5%% above it, and lowers it by what the next update's peak passed it by "
         "(never below it), so the peak is the live set; never above what its machine gives "
         "without swapping: its memory less 15%% (at least 2 GiB) for the OS, shared by the "
-        "ranks on it), a number, or 0 (none: MLX's own). The memory guard, rebalance caps and "
+        "ranks on it; on the CPU, measured alike but the limit left at that share, as a limit "
+        "at the live set costs 17-30%% of an update there), a number, or 0 (none: MLX's "
+        "own). The memory guard, rebalance caps and "
         "the console use the budget: the number, or auto's machine share. On CUDA, MLX "
         "commits 10 kernels a batch (MLX_MAX_OPS_PER_BUFFER, unless set: what runs ahead)",
     )

@@ -186,6 +186,36 @@ def test_by_default_the_peak_is_the_live_set():
     assert default <= 1.25 * limit.live  # what one task's kernels allocate past the limit
 
 
+def test_on_the_cpu_auto_measures_the_live_set_and_leaves_the_limit_at_the_budget(monkeypatch):
+    """On the CPU a limit at the live set makes eval wait on every ten kernels (17-30% of an
+    update, RESULTS session 41): auto measures the live set as on a GPU (the first update
+    under a tight limit, a smaller batch under a lower bound) and runs every other update
+    under the budget, so the peak holds dead buffers as with no limit."""
+    stepper, update = _stepper()
+    monkeypatch.setattr(memory.mx, "default_device", lambda: mx.cpu)  # as on a machine's CPU
+    limit = stepper.limit = memory.Limit.from_setting("auto")
+    assert not limit.hold_peak  # the GPU's default holds it (the tests above)
+    budget = limit.budget
+    assert "live set measured, not held" in limit.apply()
+    set_to = []
+    real_set = mx.set_memory_limit
+    monkeypatch.setattr(mx, "set_memory_limit", lambda n: set_to.append(n) or real_set(n))
+    update(0)
+    live = limit.live
+    assert set_to == [memory.TIGHT, budget]  # measured without run-ahead, then the budget
+    assert 0 < live < budget and limit.limit == budget == mx.get_memory_limit()
+    peaks = [update(i) for i in range(1, 4)]
+    assert max(peaks) > 1.25 * live  # not held: dead buffers wait for their task, as unlimited
+    assert set_to == [memory.TIGHT, budget]  # and nothing trimmed
+    guess, measures = limit.estimate(2)
+    update(4, batch=2)  # a rebalance took samples: measured under the lower bound, as on a GPU
+    assert measures and set_to[2:] == [guess, budget]
+    assert 0 < limit.live < live and limit.limit == budget
+    update(5, batch=16)  # more than ever measured: the estimate stands, the limit stays
+    assert set_to[4:] == [budget] and limit.live == limit.estimate(16)[0] > live
+    assert limit.figures() == {"mem_budget": budget, "mem_limit": budget, "live_mem": limit.live}
+
+
 def test_a_fixed_limit_is_set_as_given_and_none_leaves_mlx_alone():
     fixed = memory.Limit.from_setting(2.5)
     assert fixed.apply() == "memory limit 2.5 GiB" and mx.get_memory_limit() == int(2.5 * GiB)
