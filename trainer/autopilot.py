@@ -451,6 +451,18 @@ class Autopilot:
         # its batch: it falls, then rises, so the fastest lies between. Halfway, where there
         # is a split between. (Unless that change measurably made the update slower: a
         # mistake, undone whole.)
+        # A move back past that split, where the change from it measurably made the update
+        # slower (a mistake) and no rank's cost has moved since, confirmed or not, goes to it
+        # and no further: the costs read there did not call for a split beyond it (session
+        # 41's boxF equal r2 went 8,8 -> 6,10 on a spell of rank 0, then 6,10 -> 10,6 on a
+        # fixed part read from changes before it; the ranks were equal). A change that did not
+        # make the update slower may have met a new speed as it restarted the ranks' regimes
+        # (session 36's run L transient16 r1: rank 1 recovered as 12,4 -> 13,3 came in, and
+        # 13,3 -> 6,10 was its due).
+        undo = calm and not self.fresh and self._made_slower()
+        if undo and self.left is not None and past(split, new, self.left):
+            new = list(self.left)
+            gain = 1 - max(times(costs, fixed, new)) / max(before)
         if calm and new == self.left and not self._made_slower():
             mid = halfway(split, new)
             if mid != split:
@@ -533,6 +545,14 @@ def level(times: list[float]) -> tuple[float, float]:
     SIGMA_FLOOR: the median's is sqrt(pi/2) times the mean's)."""
     q = [math.log(t) for t in times]
     return statistics.median(q), MEDIAN_SE * max(spread(q), SIGMA_FLOOR) / math.sqrt(len(q))
+
+
+def past(here: list[int], there: list[int], left: list[int]) -> bool:
+    """Whether the move from `here` to `there` goes back past `left` (the split the last change
+    left): every rank moves toward its batch there, or keeps its batch, and one goes beyond."""
+    pairs = list(zip(here, there, left, strict=True))
+    back = all((t - h) * (lf - h) >= 0 and (h != lf or t == h) for h, t, lf in pairs)
+    return back and any((t - lf) * (h - lf) < 0 for h, t, lf in pairs)
 
 
 def halfway(here: list[int], there: list[int]) -> list[int]:

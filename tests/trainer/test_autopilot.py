@@ -539,6 +539,29 @@ def test_on_real_figures_two_ranks_back_from_a_slowdown_do_not_ping_pong():
     assert moves[4] == [80, [9, 7], [8, 8]], moves
 
 
+def test_on_real_figures_a_mistake_is_never_undone_past_the_split_it_left():
+    """Session 41's pair-equal repeat 2 at width 384 (tests/support/traces/
+    pair_equal_w384_s41.json: two real ranks, neither slowed). The pilot moved 8,8 -> 6,10 at
+    485 on a three-update spell of rank 0; at 6,10 the update measured slower, and the fixed
+    part read from earlier moves (4.8 samples) read rank 1 dearer where the raw figures read
+    the ranks alike: main's pilot went on to 10,6 at 492, past the even split. The costs read
+    at 8,8 called for nothing beyond it, and no rank's cost moved since: back to 8,8."""
+    trace = kept("pair_equal_w384_s41")
+    moves = replayed(trace, Autopilot(2, enabled=True))
+    assert moves[:3] == trace["changes"][:3], moves
+    assert moves[3] == [492, [6, 10], [8, 8]], moves
+
+
+def test_a_move_back_past_the_split_the_last_change_left_is_told_apart():
+    assert autopilot.past([6, 10], [10, 6], [8, 8])
+    assert autopilot.past([2, 5, 5], [5, 5, 2], [4, 4, 4])
+    assert not autopilot.past([6, 10], [8, 8], [8, 8])  # back to it: the halfway rule's
+    assert not autopilot.past([6, 10], [7, 9], [8, 8])  # short of it
+    assert not autopilot.past([6, 10], [4, 12], [8, 8])  # further on
+    # a rank the last change left alone moves: not a way back
+    assert not autopilot.past([2, 6, 4], [5, 2, 5], [4, 4, 4])
+
+
 def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
     """Session 15's equal ranks, repeat 2 (tests/support/traces/equal_s15.json: 110 updates
     of 4 real ranks, none slowed, no move made). At 101 rank 1 had shown four fast figures
