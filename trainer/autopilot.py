@@ -78,6 +78,13 @@ MEASURED_MIN = 3  # updates at a split from which what it measured is read
 # apart, then 121 at 7,9 again; session 25's run C gradual16 r1 (rank 3 2x) read 4,4,4,4 2.8
 # standard errors slower than the 5,5,4,2 it left.
 Z_SLOWER = 2.0
+# A move back past the split a mistaken change left is a mirror of it (cut to that split) where
+# no rank goes beyond it by more than this many times what it came. Over the kept runs of
+# sessions 26-42: mirrors went 1-2 samples beyond after changes of 1-4 (equal pairs 9,7 -> 7,9
+# after 8,8 -> 9,7; 10,6 -> 4,12 after 8,8 -> 10,6); a move 4-6 beyond after a change of 1
+# answered a new speed that the change's restart hid (session 42's boxG transient16 r1, twice;
+# session 36's run L transient16 r1).
+MIRROR = 2
 
 
 @dataclass(frozen=True)
@@ -441,6 +448,20 @@ class Autopilot:
             why = unjustified(split, new, est, fixed, f)
             if why:
                 return split, gain, why
+        # A move back past the split the last change left, about as far as that change moved
+        # (a mirror of it, MIRROR), where it measurably made the update slower (a mistake) and
+        # no rank's cost has moved since, confirmed or not, goes to that split and no
+        # further: the costs read there did not call for a split beyond it (session 41's boxF
+        # equal r2 went 8,8 -> 6,10 on a spell of rank 0, then 6,10 -> 10,6 on a fixed part
+        # read from changes before it; the ranks were equal). A move further back may answer
+        # a new speed that the change's restart of the ranks' regimes hid (session 42's boxG
+        # transient16 r1: 9,7 -> 8,8 at 28, rank 1 three times as slow from 30; then 8,8 ->
+        # 13,3 was its due); so may one after a change that did not make the update slower
+        # (session 36's run L transient16 r1: 12,4 -> 13,3 as rank 1 recovered, then 6,10).
+        mistake = self._made_slower()
+        if calm and not self.fresh and mistake and self.left and mirrors(split, new, self.left):
+            new = list(self.left)
+            gain = 1 - max(times(costs, fixed, new)) / max(before)
         # A move back to the split the last one left, within `cooldown` of it and no rank's
         # cost moved since: the costs read at the two splits disagree on which is faster.
         # Costs per sample read at one split need not hold at another (session 35's K r2
@@ -451,19 +472,7 @@ class Autopilot:
         # its batch: it falls, then rises, so the fastest lies between. Halfway, where there
         # is a split between. (Unless that change measurably made the update slower: a
         # mistake, undone whole.)
-        # A move back past that split, where the change from it measurably made the update
-        # slower (a mistake) and no rank's cost has moved since, confirmed or not, goes to it
-        # and no further: the costs read there did not call for a split beyond it (session
-        # 41's boxF equal r2 went 8,8 -> 6,10 on a spell of rank 0, then 6,10 -> 10,6 on a
-        # fixed part read from changes before it; the ranks were equal). A change that did not
-        # make the update slower may have met a new speed as it restarted the ranks' regimes
-        # (session 36's run L transient16 r1: rank 1 recovered as 12,4 -> 13,3 came in, and
-        # 13,3 -> 6,10 was its due).
-        undo = calm and not self.fresh and self._made_slower()
-        if undo and self.left is not None and past(split, new, self.left):
-            new = list(self.left)
-            gain = 1 - max(times(costs, fixed, new)) / max(before)
-        if calm and new == self.left and not self._made_slower():
+        if calm and new == self.left and not mistake:
             mid = halfway(split, new)
             if mid != split:
                 new, gain = mid, 1 - max(times(costs, fixed, mid)) / max(before)
@@ -547,12 +556,15 @@ def level(times: list[float]) -> tuple[float, float]:
     return statistics.median(q), MEDIAN_SE * max(spread(q), SIGMA_FLOOR) / math.sqrt(len(q))
 
 
-def past(here: list[int], there: list[int], left: list[int]) -> bool:
+def mirrors(here: list[int], there: list[int], left: list[int]) -> bool:
     """Whether the move from `here` to `there` goes back past `left` (the split the last change
-    left): every rank moves toward its batch there, or keeps its batch, and one goes beyond."""
+    left) about as far as that change moved: every rank moves toward its batch there, or keeps
+    its batch, at least one goes beyond it, and none beyond by more than MIRROR times what it
+    came."""
     pairs = list(zip(here, there, left, strict=True))
     back = all((t - h) * (lf - h) >= 0 and (h != lf or t == h) for h, t, lf in pairs)
-    return back and any((t - lf) * (h - lf) < 0 for h, t, lf in pairs)
+    near = all(abs(t - lf) <= MIRROR * abs(h - lf) for h, t, lf in pairs)
+    return back and near and any((t - lf) * (h - lf) < 0 for h, t, lf in pairs)
 
 
 def halfway(here: list[int], there: list[int]) -> list[int]:

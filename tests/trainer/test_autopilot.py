@@ -552,14 +552,31 @@ def test_on_real_figures_a_mistake_is_never_undone_past_the_split_it_left():
     assert moves[3] == [492, [6, 10], [8, 8]], moves
 
 
+def test_on_real_figures_a_new_speed_a_restart_hid_is_answered_whole():
+    """Session 42's pair-transient16 repeat 1 (tests/support/traces/
+    pair_transient16_hidden_s42.json): 9,7 -> 8,8 at 28, and rank 1 three times as slow from
+    30, inside the restart's regime (no shift read), so 8,8 measured slower than 9,7. The move
+    due, 8,8 -> 13,3, goes back past 9,7 four times as far as the change came: a new speed,
+    not the mirror of a mistake (854a888's pilot cut it to 9,7 and answered at 41)."""
+    trace = kept("pair_transient16_hidden_s42")
+    moves = replayed(trace, Autopilot(2, enabled=True))
+    assert moves[:2] == trace["changes"][:2], moves
+    assert moves[2] == [34, [8, 8], [13, 3]], moves
+
+
 def test_a_move_back_past_the_split_the_last_change_left_is_told_apart():
-    assert autopilot.past([6, 10], [10, 6], [8, 8])
-    assert autopilot.past([2, 5, 5], [5, 5, 2], [4, 4, 4])
-    assert not autopilot.past([6, 10], [8, 8], [8, 8])  # back to it: the halfway rule's
-    assert not autopilot.past([6, 10], [7, 9], [8, 8])  # short of it
-    assert not autopilot.past([6, 10], [4, 12], [8, 8])  # further on
+    assert autopilot.mirrors([6, 10], [10, 6], [8, 8])
+    assert autopilot.mirrors([2, 5, 5], [5, 5, 2], [4, 4, 4])
+    assert autopilot.mirrors([5, 11], [12, 4], [9, 7])  # 3 beyond, where it came 4
+    assert autopilot.mirrors([10, 6], [4, 12], [8, 8])  # 4 beyond, where it came 2
+    assert not autopilot.mirrors([6, 10], [8, 8], [8, 8])  # back to it: the halfway rule's
+    assert not autopilot.mirrors([6, 10], [7, 9], [8, 8])  # short of it
+    assert not autopilot.mirrors([6, 10], [4, 12], [8, 8])  # further on
+    # beyond by more than twice what it came: a new speed the change's restart may have hidden
+    assert not autopilot.mirrors([8, 8], [13, 3], [9, 7])
+    assert not autopilot.mirrors([12, 4], [7, 9], [11, 5])
     # a rank the last change left alone moves: not a way back
-    assert not autopilot.past([2, 6, 4], [5, 2, 5], [4, 4, 4])
+    assert not autopilot.mirrors([2, 6, 4], [5, 2, 5], [4, 4, 4])
 
 
 def test_a_rank_is_taken_at_a_new_speed_only_for_a_move_due_anyway():
