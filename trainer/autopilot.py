@@ -17,7 +17,8 @@ update (they ride the control all-reduce, trainer/controller.py). Two duties:
   noise explains, and the same split was proposed at two boundaries in a row (at one, where
   a rank's confirmed new cost is the reason: its own figures held it already). A move that
   would undo the last one within `cooldown` goes halfway (the costs read at the two splits
-  disagree: a cost per sample read at one batch need not hold at another). Within
+  disagree: a cost per sample read at one batch need not hold at another); one back past
+  it, a mirror of a change that made the update slower, goes to that split (`mirrors`). Within
   `cooldown` updates of a change it moves only for `CALM_GAIN`, unless a rank's cost moved
   since (a new regime, not one undone as spikes): a change far beyond the noise is then
   followed 4-5 updates after it began (2 figures show it, as many confirm it; the next update
@@ -80,7 +81,7 @@ MEASURED_MIN = 3  # updates at a split from which what it measured is read
 Z_SLOWER = 2.0
 # A move back past the split a mistaken change left is a mirror of it (cut to that split) where
 # no rank goes beyond it by more than this many times what it came. Over the kept runs of
-# sessions 26-42: mirrors went 1-2 samples beyond after changes of 1-4 (equal pairs 9,7 -> 7,9
+# sessions 26-42: mirrors went 1-4 samples beyond after changes of 1-4 (equal pairs 9,7 -> 7,9
 # after 8,8 -> 9,7; 10,6 -> 4,12 after 8,8 -> 10,6); a move 4-6 beyond after a change of 1
 # answered a new speed that the change's restart hid (session 42's boxG transient16 r1, twice;
 # session 36's run L transient16 r1).
