@@ -204,8 +204,7 @@ def test_on_the_cpu_auto_measures_the_live_set_and_leaves_the_limit_at_the_budge
     live = limit.live
     assert set_to == [memory.TIGHT, budget]  # measured without run-ahead, then the budget
     assert 0 < live < budget and limit.limit == budget == mx.get_memory_limit()
-    peaks = [update(i) for i in range(1, 4)]
-    assert max(peaks) > 1.25 * live  # not held: dead buffers wait for their task, as unlimited
+    peak = max(update(i) for i in range(1, 4))
     assert set_to == [memory.TIGHT, budget]  # and nothing trimmed
     guess, measures = limit.estimate(2)
     update(4, batch=2)  # a rebalance took samples: measured under the lower bound, as on a GPU
@@ -214,6 +213,12 @@ def test_on_the_cpu_auto_measures_the_live_set_and_leaves_the_limit_at_the_budge
     update(5, batch=16)  # more than ever measured: the estimate stands, the limit stays
     assert set_to[4:] == [budget] and limit.live == limit.estimate(16)[0] > live
     assert limit.figures() == {"mem_budget": budget, "mem_limit": budget, "live_mem": limit.live}
+    # not held: dead buffers wait for their task, as without a limit (1.28-1.42x the live set
+    # here), where a GPU's auto holds the peak near the live set
+    stepper.limit = held = memory.Limit("auto", budget=budget)
+    held.apply()
+    update(6)
+    assert max(update(i) for i in range(7, 10)) < peak
 
 
 def test_a_fixed_limit_is_set_as_given_and_none_leaves_mlx_alone():
