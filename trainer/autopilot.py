@@ -563,9 +563,11 @@ def mirrors(here: list[int], there: list[int], left: list[int]) -> bool:
     its batch, at least one goes beyond it, and none beyond by more than MIRROR times what it
     came."""
     pairs = list(zip(here, there, left, strict=True))
-    back = all((t - h) * (lf - h) >= 0 and (h != lf or t == h) for h, t, lf in pairs)
-    near = all(abs(t - lf) <= MIRROR * abs(h - lf) for h, t, lf in pairs)
-    return back and near and any((t - lf) * (h - lf) < 0 for h, t, lf in pairs)
+    # a rank the change left alone (h == lf) may not move: MIRROR times nothing
+    back = all(
+        (t - h) * (lf - h) >= 0 and abs(t - lf) <= MIRROR * abs(h - lf) for h, t, lf in pairs
+    )
+    return back and any((t - lf) * (h - lf) < 0 for h, t, lf in pairs)
 
 
 def halfway(here: list[int], there: list[int]) -> list[int]:

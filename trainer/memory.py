@@ -172,7 +172,7 @@ class Limit:
             live, measuring = self.estimate(rows)
             # under a lower bound, no headroom: the peak above it is the live set
             self._set(live, rows, bound=measuring)
-        trimming = self._trim and not measuring and self.hold_peak
+        trimming = self._trim and not measuring
         mx.reset_peak_memory()
         try:
             yield
@@ -190,13 +190,15 @@ class Limit:
                     mx.set_memory_limit(self.limit)
 
     def _set(self, live: int, rows: int | None, bound: bool = False) -> None:
-        """The limit over a live set at microbatches of `rows`, measured or estimated: the
-        rank's headroom over it (the next update not measuring trims it), or none where it is
-        a lower bound the update measures (`bound`). Without `hold_peak`, the budget once
-        measured."""
-        self.live, self._rows, self._trim = live, rows, True
-        if bound or self.hold_peak:
-            self.limit = min(self.budget, int(live * (1 + (0.0 if bound else self.headroom))))
+        """The limit over a live set at microbatches of `rows`, measured or estimated: none
+        over it where it is a lower bound the update measures (`bound`); else the rank's
+        headroom, which the next update not measuring trims, or without `hold_peak` the
+        budget."""
+        self.live, self._rows, self._trim = live, rows, self.hold_peak and not bound
+        if bound:
+            self.limit = min(self.budget, live)
+        elif self.hold_peak:
+            self.limit = min(self.budget, int(live * (1 + self.headroom)))
         else:
             self.limit = self.budget
         mx.set_memory_limit(self.limit)

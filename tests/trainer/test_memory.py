@@ -81,6 +81,19 @@ def _stepper(chunk=32):
     return stepper, update
 
 
+def _recorded_limits(monkeypatch) -> list[int]:
+    """Every limit MLX is given from now on, in order (and given it)."""
+    set_to: list[int] = []
+    real_set = mx.set_memory_limit
+
+    def recorded(n: int) -> int:
+        set_to.append(n)
+        return real_set(n)
+
+    monkeypatch.setattr(mx, "set_memory_limit", recorded)
+    return set_to
+
+
 def test_auto_measures_the_live_set_once_a_batch_and_trims_the_limit_once():
     stepper, update = _stepper()
     limit = stepper.limit = memory.Limit("auto", budget=8 * GiB)
@@ -133,14 +146,7 @@ def test_a_rebalanced_rank_never_runs_without_run_ahead(monkeypatch):
     limit = stepper.limit = memory.Limit("auto", budget=8 * GiB)
     limit.apply()
     update(0)
-    measured, set_to = limit.live, []
-    real_set = mx.set_memory_limit
-
-    def recorded(n: int) -> int:
-        set_to.append(n)
-        return real_set(n)
-
-    monkeypatch.setattr(mx, "set_memory_limit", recorded)
+    measured, set_to = limit.live, _recorded_limits(monkeypatch)
     for i, batch in enumerate((16, 2, 3, 8), 1):
         guess, measures = limit.estimate(batch)
         update(i, batch)
@@ -197,9 +203,7 @@ def test_on_the_cpu_auto_measures_the_live_set_and_leaves_the_limit_at_the_budge
     assert not limit.hold_peak  # the GPU's default holds it (the tests above)
     budget = limit.budget
     assert "live set measured, not held" in limit.apply()
-    set_to = []
-    real_set = mx.set_memory_limit
-    monkeypatch.setattr(mx, "set_memory_limit", lambda n: set_to.append(n) or real_set(n))
+    set_to = _recorded_limits(monkeypatch)
     update(0)
     live = limit.live
     assert set_to == [memory.TIGHT, budget]  # measured without run-ahead, then the budget
