@@ -564,6 +564,26 @@ def test_on_real_figures_a_new_speed_a_restart_hid_is_answered_whole():
     assert moves[2] == [34, [8, 8], [13, 3]], moves
 
 
+def test_on_real_figures_of_two_ranks_one_change_is_one_piece_of_evidence_of_the_fixed_part():
+    """Session 43's pair-gradual16 repeat 1 (tests/support/traces/
+    pair_gradual16_hidden_s43.json): 8,8 -> 9,7 at 43, and rank 1 twice as slow (from 1.5x)
+    from 45, inside the change, so its time rose as its batch fell. Of two ranks each one's
+    relative change is the other's negated; counted as two pieces of evidence, that one
+    change outweighed the prior toward a small fixed part, and the pilot steered by 32
+    samples (0 to 64) until its next move, at 64. It reads no fixed part now, the range
+    still open (one change cannot rule a large one out)."""
+    trace = kept("pair_gradual16_hidden_s43")
+    pilot = Autopilot(2, enabled=True)
+    steered = []
+    for step, row in enumerate(trace["figures"], trace["first_update"]):
+        pilot.observe(*traced(row))
+        if 49 <= step <= 62:  # the change read (3 updates after its recompile), no move since
+            steered.append(pilot.fixed())
+    assert trace["changes"][0] == [43, [8, 8], [9, 7]]
+    assert max(best for best, _ in steered) <= 2.0, steered
+    assert min(most for _, most in steered) >= 8.0, steered
+
+
 def test_a_move_back_past_the_split_the_last_change_left_is_told_apart():
     assert autopilot.mirrors([6, 10], [10, 6], [8, 8])
     assert autopilot.mirrors([2, 5, 5], [5, 5, 2], [4, 4, 4])

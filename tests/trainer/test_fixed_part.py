@@ -26,8 +26,9 @@ def read(
     (the first of them a recompile), with BOX's noise and a fixed part of `fixed` samples;
     the ranks' costs are `costs_before`, then `cost_after(t)` if given."""
     noise = dataclasses.replace(pilot_sim.BOX, fixed_samples=fixed)
-    mult = pilot_sim.draws(4, before + after, noise, seed)
-    part = FixedPart(4)
+    world = len(costs_before)
+    mult = pilot_sim.draws(world, before + after, noise, seed)
+    part = FixedPart(world)
     for t in range(before + after):
         split = splits[0] if t < before else splits[1]
         costs = cost_after(t - before) if cost_after and t >= before else costs_before
@@ -92,6 +93,25 @@ def test_a_rank_that_slows_as_its_batch_falls_is_not_read_as_tens_of_samples():
             lambda t: [1.0, 1.0, 1.0, 3.0],
             splits=((5, 4, 4, 3), (5, 5, 4, 2)),
             costs_before=[1.0, 1.0, 1.0, 1.5],
+        ).best
+        for seed in range(20)
+    ]
+    assert max(bests) <= 10.0 and statistics.median(bests) <= 5.0, bests
+
+
+def test_a_pair_whose_slowed_rank_slows_again_as_its_batch_falls_is_not_read_as_tens():
+    """pair-gradual16 on this box (session 43's boxI r1): 8,8 -> 9,7 for rank 1's 1.5x,
+    which turned 2x two updates on, inside the change. Of two ranks each one's relative
+    change is the other's negated: one piece of evidence against the prior, not two.
+    Counted twice, the one change outweighed it (the best fit reached 16 samples in these
+    20 runs, and 32 on the real figures)."""
+    bests = [
+        read(
+            1.1,
+            seed,
+            lambda t: [1.0, 2.0],
+            splits=((8, 8), (9, 7)),
+            costs_before=[1.0, 1.5],
         ).best
         for seed in range(20)
     ]
