@@ -67,6 +67,9 @@ CHI2 = 3.84  # the score's rise that bounds the range (95% for one parameter)
 # project's 2-core box measured about 1 sample (session 17's fixed arms, tests/support/
 # pilot_sim.BOX); tens of samples are let through only where several changes agree.
 PRIOR = 1.0
+# PRIOR and CHI2 were set on fits of this many ranks; each change's evidence is weighed
+# against theirs (`_fit`)
+TUNED_WORLD = 4
 
 
 @dataclass(frozen=True)
@@ -185,17 +188,17 @@ class FixedPart:
         if not terms:
             return None
 
-        # Each update's figures are taken relative to their mean, so one change's terms sum
-        # to zero: N ranks give N - 1 pieces of evidence, not N, and their squares (each over
-        # the scatter of a relative figure, `sigma`) sum to N / (N - 1) times the
-        # chi-square. PRIOR and CHI2 were set on four ranks' fits, whose terms counted 4/3
-        # as much, so each term is weighed (N - 1) / N against four's 3/4: four ranks read
-        # as before, and two no longer count one piece of evidence twice (each term is the
-        # other's negated). Counted twice, one change whose rank slowed as its batch fell
-        # outweighed the prior (session 43's boxI pair-gradual16 r1: 8,8 -> 9,7 as rank 1
-        # went 1.5x -> 2x, read as 32 samples, 0 to 64); on replays of the kept pair runs,
-        # moves that answered a rank's new speed went past the best split.
-        weight = (self.world - 1) / self.world / (3 / 4)
+        # Each update's figures are taken relative to their mean, so one change's terms sum to
+        # zero: N ranks give N - 1 pieces of evidence, not N, and their squares (each over the
+        # scatter of a relative figure, `sigma`) sum to N / (N - 1) times the chi-square. PRIOR
+        # and CHI2 were set on four ranks' fits (TUNED_WORLD), whose terms counted 4/3 as much,
+        # so each term is weighed (N - 1) / N against four's 3/4: four ranks read as before, and
+        # two no longer count one piece of evidence twice (each term is the other's negated).
+        # Counted twice, one change whose rank slowed as its batch fell outweighed the prior
+        # (session 43's boxI pair-gradual16 r1: 8,8 -> 9,7 as rank 1 went 1.5x -> 2x, read as 32
+        # samples, 0 to 64); on replays of the kept pair runs, moves that answered a rank's new
+        # speed went past the best split.
+        weight = (self.world - 1) / self.world * TUNED_WORLD / (TUNED_WORLD - 1)
 
         def score(f: float) -> float:
             total = (math.log1p(f) / PRIOR) ** 2
